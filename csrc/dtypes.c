@@ -1,0 +1,141 @@
+/* dtypes.c — float formats (f32, f16, bf16): scalar conversions, their reference kernels and the
+ * type traits table that every weight type registers in. Quantized block formats are in quants.c. */
+#include <math.h>
+#include <string.h>
+
+#include "kernels.h"
+
+static pl_type_traits traits[PL_TYPE_COUNT];
+
+pl_type_traits *pl_traits_slot(int type) {
+    return type >= 0 && type < PL_TYPE_COUNT ? &traits[type] : NULL;
+}
+
+const pl_type_traits *pl_traits(int type) {
+    const pl_type_traits *t = pl_traits_slot(type);
+    return t && t->name ? t : NULL;
+}
+
+int64_t pl_row_size(int type, int64_t n) {
+    const pl_type_traits *t = pl_traits(type);
+    if (!t || n < 0 || n % t->block_size) return -1;
+    return n / t->block_size * t->type_size;
+}
+
+/* ---------------------------------------------------------------- scalar conversions */
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float pl_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+uint16_t pl_f32_to_bf16(float f) {
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* keep NaN a NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+float pl_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (mant << 13)); /* inf, nan */
+    if (exp == 0) {
+        if (mant == 0) return bits_f32(sign);
+        float v = (float)mant * (1.0f / 16777216.0f); /* subnormal: mant · 2^-24 */
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+uint16_t pl_f32_to_f16(float f) {
+    uint32_t u = f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u;        /* nan */
+    if (a >= 0x477ff000u) return sign | 0x7c00u;       /* rounds to inf */
+    if (a < 0x38800000u) {                              /* f16 subnormal or zero */
+        float v = bits_f32(a) * 16777216.0f;            /* exact: scales by 2^24 */
+        uint32_t m = (uint32_t)lrintf(v);               /* round to nearest even */
+        return sign | (uint16_t)m;
+    }
+    uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - (112u << 23); /* rebias, round to nearest even */
+    return sign | (uint16_t)(r >> 13);
+}
+
+/* ---------------------------------------------------------------- scalar reference kernels */
+
+float pl_dot_f32_scalar(const float *a, const float *b, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+void pl_axpy_f32_scalar(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void f32_to_f32(const void *src, float *dst, int64_t n) { memcpy(dst, src, (size_t)n * 4); }
+static void f32_from_f32(const float *src, void *dst, int64_t n) { memcpy(dst, src, (size_t)n * 4); }
+
+static void f16_to_f32(const void *src, float *dst, int64_t n) {
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = pl_f16_to_f32(s[i]);
+}
+
+static void f16_from_f32(const float *src, void *dst, int64_t n) {
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = pl_f32_to_f16(src[i]);
+}
+
+static void bf16_to_f32(const void *src, float *dst, int64_t n) {
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = pl_bf16_to_f32(s[i]);
+}
+
+static void bf16_from_f32(const float *src, void *dst, int64_t n) {
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = pl_f32_to_bf16(src[i]);
+}
+
+static float dot_f32(const void *w, const void *x, int64_t n) { return pl_dot_f32_scalar(w, x, n); }
+
+static float dot_f16(const void *w, const void *x, int64_t n) {
+    const uint16_t *a = w;
+    const float *b = x;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += pl_f16_to_f32(a[i]) * b[i];
+    return s;
+}
+
+static float dot_bf16(const void *w, const void *x, int64_t n) {
+    const uint16_t *a = w;
+    const float *b = x;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += pl_bf16_to_f32(a[i]) * b[i];
+    return s;
+}
+
+pl_vec_kernels pl_vec = {pl_dot_f32_scalar, pl_axpy_f32_scalar};
+
+/* Installs the scalar float kernels, then lets the chosen ISA's file replace what it speeds up. */
+void pl_install_type_kernels(int isa) {
+    traits[PL_TYPE_F32] = (pl_type_traits){"f32", 1, 4, PL_TYPE_F32, f32_to_f32, f32_from_f32, dot_f32};
+    traits[PL_TYPE_F16] = (pl_type_traits){"f16", 1, 2, PL_TYPE_F32, f16_to_f32, f16_from_f32, dot_f16};
+    traits[PL_TYPE_BF16] =
+        (pl_type_traits){"bf16", 1, 2, PL_TYPE_F32, bf16_to_f32, bf16_from_f32, dot_bf16};
+    pl_vec.dot_f32 = pl_dot_f32_scalar;
+    pl_vec.axpy_f32 = pl_axpy_f32_scalar;
+    if (isa == PL_ISA_AVX2) pl_install_simd_avx2();
+    if (isa == PL_ISA_AVX512) pl_install_simd_avx512();
+    if (isa == PL_ISA_NEON) pl_install_simd_neon();
+}

@@ -1,0 +1,103 @@
+/* kernels.h — what the core's own files share and the bindings need not see.
+ *
+ * Every kernel has a scalar reference; SIMD variants live one file per ISA (simd_avx2.c,
+ * simd_avx512.c, simd_neon.c, quants_*.c), compiled on every machine but with bodies only where the
+ * compiler targets that architecture. Their functions carry a target attribute, so nothing is built
+ * with -march and cpu.c picks among them at run time.
+ */
+#ifndef PYLLM_KERNELS_H
+#define PYLLM_KERNELS_H
+
+#include "pyllm.h"
+
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
+#define PL_X86 1
+#endif
+#if defined(__aarch64__) || defined(_M_ARM64)
+#define PL_ARM64 1
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define PL_TARGET(s) __attribute__((target(s)))
+#else
+#define PL_TARGET(s)
+#endif
+#define PL_TARGET_AVX2 PL_TARGET("avx2,fma,f16c")
+#define PL_TARGET_AVX512 PL_TARGET("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+
+/* The traits table, writable by the install functions only. */
+pl_type_traits *pl_traits_slot(int type);
+
+/* Scalar references (dtypes.c). */
+float pl_dot_f32_scalar(const float *a, const float *b, int64_t n);
+void pl_axpy_f32_scalar(float *y, float a, const float *x, int64_t n);
+
+/* Per-ISA installers of the f32/f16/bf16 kernels: each returns 0 where not compiled in. */
+int pl_install_simd_avx2(void);
+int pl_install_simd_avx512(void);
+int pl_install_simd_neon(void);
+
+/* ---------------------------------------------------------------- ops.c, attention.c */
+
+void pl_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+void pl_rope(float *x, int n_heads, int head_dim, const float *cos, const float *sin,
+             int interleaved);
+void pl_softmax(float *x, int n);
+void pl_swiglu(float *gate, const float *up, int n);
+void pl_geglu_tanh(float *gate, const float *up, int n);
+
+/* Causal GQA attention of n queries at positions pos0.. over a layer's cache. */
+void pl_attention(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
+                  int pos0, int n, int window, float *out, float *scores, int ith, int nth);
+
+/* ---------------------------------------------------------------- matmul.c */
+
+/* One product of a matmul group: y (n, ldy)[:, 0:w->rows] = x · wᵀ (+ bias). */
+typedef struct {
+    const pl_tensor *w;
+    float *y;
+    int64_t ldy;
+    const float *bias; /* (w->rows) or NULL */
+} pl_matmul_out;
+
+typedef struct {
+    void *xq;            /* activations in the weights' vec_dot_type: PL_MATMUL_MAX_OUTS regions */
+    int64_t xq_region;   /* bytes of one region */
+    float *wtile;        /* dequantized weight tile for sgemm */
+    int64_t tile_floats;
+    pl_sgemm_fn sgemm;   /* NULL: the vec_dot kernels for every batch size */
+} pl_matmul_scratch;
+
+#define PL_MATMUL_MAX_OUTS 3
+/* From this many tokens on, a matmul dequantizes weight tiles and calls sgemm. */
+#define PL_BLAS_MIN_TOKENS 16
+
+/* Computes every out of a group that shares its input x (n, w->cols): q/k/v, or gate/up. Called by
+ * every pool thread; the caller places a barrier before the outputs are read. */
+void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n,
+               const pl_matmul_scratch *scratch, pl_pool *pool, int ith, int nth);
+/* Bytes of one xq region for n rows of cols inputs of a weight type. */
+int64_t pl_matmul_xq_bytes(int type, int64_t cols, int n);
+
+/* ---------------------------------------------------------------- state.c */
+
+struct pl_state {
+    int n_ctx, n_batch, n_threads;
+    int pos;               /* tokens in the cache */
+    int kv_dim;            /* n_kv_heads * head_dim */
+    float *k_cache;        /* (n_layers, n_ctx, kv_dim) */
+    float *v_cache;        /* (n_layers, n_ctx, kv_dim) */
+    float *rope_cos;       /* (n_ctx, head_dim / 2) */
+    float *rope_sin;       /* (n_ctx, head_dim / 2) */
+    float *x;              /* (n_batch, dim) the residual stream */
+    float *xn;             /* (n_batch, dim) a block's normed input */
+    float *q;              /* (n_batch, n_heads * head_dim) */
+    float *att;            /* (n_batch, n_heads * head_dim) attention output */
+    float *tmp;            /* (n_batch, dim) a block's output before the residual add */
+    float *gate;           /* (n_batch, ffn_dim) */
+    float *up;             /* (n_batch, ffn_dim) */
+    float *scores;         /* (n_threads, n_ctx) */
+    pl_matmul_scratch mm;  /* xq: (PL_MATMUL_MAX_OUTS, xq_region); wtile: (tile_floats) */
+};
+
+#endif

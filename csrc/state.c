@@ -1,0 +1,147 @@
+#define _POSIX_C_SOURCE 200809L /* posix_memalign under -std=c11 */
+/* state.c — one sequence's memory: KV cache, rotary tables and activation buffers, allocated once
+ * when the sequence starts so that decoding allocates nothing. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#ifdef _WIN32
+#include <malloc.h>
+static void *alloc_aligned(size_t n) { return _aligned_malloc(n ? n : 64, 64); }
+static void free_aligned(void *p) { _aligned_free(p); }
+#else
+/* Large blocks come straight from mmap: KV cache pages cost memory only once written. */
+static void *alloc_aligned(size_t n) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, n ? n : 64) == 0 ? p : NULL;
+}
+static void free_aligned(void *p) { free(p); }
+#endif
+
+static void for_each_weight(const pl_model *m, void (*fn)(const pl_tensor *, void *), void *arg) {
+    for (int l = 0; l < m->n_layers; l++) {
+        const pl_layer *L = &m->layers[l];
+        const pl_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) fn(ws[i], arg);
+    }
+    fn(&m->lm_head, arg);
+}
+
+typedef struct {
+    int n_batch;
+    int64_t xq_region, max_cols;
+    int any_converted;
+} scratch_needs;
+
+static void measure(const pl_tensor *w, void *arg) {
+    scratch_needs *need = arg;
+    int64_t b = pl_matmul_xq_bytes(w->type, w->cols, need->n_batch);
+    if (b > need->xq_region) need->xq_region = b;
+    if (w->cols > need->max_cols) need->max_cols = w->cols;
+    if (w->type != PL_TYPE_F32) need->any_converted = 1;
+}
+
+static const char *check_tensor(const pl_tensor *t, int64_t rows, int64_t cols) {
+    if (!t->data) return "a weight has no data";
+    if (!pl_traits(t->type) || !pl_traits(t->type)->vec_dot) return "a weight has a type pyllm cannot multiply";
+    if (t->rows != rows || t->cols != cols) return "a weight's shape does not match the model";
+    if (pl_row_size(t->type, t->cols) < 0) return "a weight's rows are not whole blocks";
+    return NULL;
+}
+
+const char *pl_model_check(const pl_model *m) {
+    if (m->n_layers < 1 || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 || m->head_dim < 2 ||
+        m->ffn_dim < 1 || m->vocab_size < 1)
+        return "a model dimension is not positive";
+    if (m->head_dim % 2) return "head_dim must be even for rotary embeddings";
+    if (m->n_heads % m->n_kv_heads) return "n_heads must be a multiple of n_kv_heads";
+    if (!m->layers || !m->rope_inv_freq || !m->out_norm) return "the model is missing tables";
+    int64_t qd = (int64_t)m->n_heads * m->head_dim, kvd = (int64_t)m->n_kv_heads * m->head_dim;
+    const char *e;
+    if ((e = check_tensor(&m->tok_embd, m->vocab_size, m->dim))) return e;
+    if ((e = check_tensor(&m->lm_head, m->vocab_size, m->dim))) return e;
+    for (int l = 0; l < m->n_layers; l++) {
+        const pl_layer *L = &m->layers[l];
+        if (!L->attn_norm || !L->ffn_norm) return "a layer is missing a norm";
+        if ((e = check_tensor(&L->wq, qd, m->dim)) || (e = check_tensor(&L->wk, kvd, m->dim)) ||
+            (e = check_tensor(&L->wv, kvd, m->dim)) || (e = check_tensor(&L->wo, m->dim, qd)) ||
+            (e = check_tensor(&L->w_gate, m->ffn_dim, m->dim)) ||
+            (e = check_tensor(&L->w_up, m->ffn_dim, m->dim)) ||
+            (e = check_tensor(&L->w_down, m->dim, m->ffn_dim)))
+            return e;
+        if (L->sliding_window < 0) return "a sliding window is negative";
+    }
+    return NULL;
+}
+
+void pl_state_free(pl_state *s) {
+    if (!s) return;
+    float *bufs[] = {s->k_cache, s->v_cache, s->rope_cos, s->rope_sin, s->x, s->xn, s->q,
+                     s->att, s->tmp, s->gate, s->up, s->scores, s->mm.wtile};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free_aligned(bufs[i]);
+    free_aligned(s->mm.xq);
+    free(s);
+}
+
+pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threads) {
+    if (n_ctx < 1 || n_batch < 1 || n_threads < 1) return NULL;
+    if (n_batch > n_ctx) n_batch = n_ctx;
+    pl_state *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->n_ctx = n_ctx;
+    s->n_batch = n_batch;
+    s->n_threads = n_threads;
+    s->kv_dim = m->n_kv_heads * m->head_dim;
+    size_t f = sizeof(float), half = (size_t)m->head_dim / 2, qd = (size_t)m->n_heads * m->head_dim;
+    size_t cache = (size_t)m->n_layers * n_ctx * s->kv_dim * f;
+    s->k_cache = alloc_aligned(cache);
+    s->v_cache = alloc_aligned(cache);
+    s->rope_cos = alloc_aligned(n_ctx * half * f);
+    s->rope_sin = alloc_aligned(n_ctx * half * f);
+    s->x = alloc_aligned((size_t)n_batch * m->dim * f);
+    s->xn = alloc_aligned((size_t)n_batch * m->dim * f);
+    s->q = alloc_aligned(n_batch * qd * f);
+    s->att = alloc_aligned(n_batch * qd * f);
+    s->tmp = alloc_aligned((size_t)n_batch * m->dim * f);
+    s->gate = alloc_aligned((size_t)n_batch * m->ffn_dim * f);
+    s->up = alloc_aligned((size_t)n_batch * m->ffn_dim * f);
+    s->scores = alloc_aligned((size_t)n_threads * n_ctx * f);
+
+    scratch_needs need = {n_batch, 0, 0, 0};
+    for_each_weight(m, measure, &need);
+    s->mm.xq_region = (need.xq_region + 63) / 64 * 64;
+    s->mm.xq = alloc_aligned((size_t)(PL_MATMUL_MAX_OUTS * s->mm.xq_region));
+    s->mm.sgemm = m->sgemm;
+    if (m->sgemm && need.any_converted) {
+        /* A few MB: big enough for sgemm to run at speed, small enough to stay in cache. */
+        s->mm.tile_floats = need.max_cols > (1 << 20) ? need.max_cols : (1 << 20);
+        s->mm.wtile = alloc_aligned((size_t)s->mm.tile_floats * f);
+        if (!s->mm.wtile) goto fail;
+    }
+    if (!s->k_cache || !s->v_cache || !s->rope_cos || !s->rope_sin || !s->x || !s->xn || !s->q ||
+        !s->att || !s->tmp || !s->gate || !s->up || !s->scores || !s->mm.xq)
+        goto fail;
+
+    /* Angles in float32, as transformers computes them (position × inv_freq, then cos/sin). */
+    for (int p = 0; p < n_ctx; p++)
+        for (size_t i = 0; i < half; i++) {
+            float angle = (float)p * m->rope_inv_freq[i];
+            s->rope_cos[p * half + i] = cosf(angle);
+            s->rope_sin[p * half + i] = sinf(angle);
+        }
+    return s;
+fail:
+    pl_state_free(s);
+    return NULL;
+}
+
+int pl_state_pos(const pl_state *s) { return s->pos; }
+int pl_state_n_ctx(const pl_state *s) { return s->n_ctx; }
+
+int pl_state_truncate(pl_state *s, int pos) {
+    if (pos < 0 || pos > s->pos) return -1;
+    s->pos = pos;
+    return 0;
+}

@@ -1,0 +1,191 @@
+/* threadpool.c — persistent workers and a cheap barrier (pthreads, or Win32 on Windows).
+ *
+ * A forward pass is one pool_run: every thread walks the same layer loop and meets the others at a
+ * barrier between steps. Waiting threads spin briefly (a decode step's phases are microseconds
+ * apart), then sleep on a condition variable so they leave the cores to BLAS during prefill.
+ */
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+
+#ifdef _WIN32
+#include <windows.h>
+typedef HANDLE pl_thread;
+typedef SRWLOCK pl_mutex;
+typedef CONDITION_VARIABLE pl_cond;
+#define mutex_init(m) InitializeSRWLock(m)
+#define mutex_destroy(m) ((void)(m))
+#define mutex_lock(m) AcquireSRWLockExclusive(m)
+#define mutex_unlock(m) ReleaseSRWLockExclusive(m)
+#define cond_init(c) InitializeConditionVariable(c)
+#define cond_destroy(c) ((void)(c))
+#define cond_wait(c, m) SleepConditionVariableSRW(c, m, INFINITE, 0)
+#define cond_broadcast(c) WakeAllConditionVariable(c)
+#else
+#include <pthread.h>
+typedef pthread_t pl_thread;
+typedef pthread_mutex_t pl_mutex;
+typedef pthread_cond_t pl_cond;
+#define mutex_init(m) pthread_mutex_init(m, NULL)
+#define mutex_destroy(m) pthread_mutex_destroy(m)
+#define mutex_lock(m) pthread_mutex_lock(m)
+#define mutex_unlock(m) pthread_mutex_unlock(m)
+#define cond_init(c) pthread_cond_init(c, NULL)
+#define cond_destroy(c) pthread_cond_destroy(c)
+#define cond_wait(c, m) pthread_cond_wait(c, m)
+#define cond_broadcast(c) pthread_cond_broadcast(c)
+#endif
+
+#if defined(PL_X86)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#elif defined(PL_ARM64) && !defined(_MSC_VER)
+#define cpu_relax() __asm__ volatile("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* About 0.1–0.5 ms of spinning before sleeping: longer than a decode step's phases, far shorter
+ * than an sgemm call during prefill. */
+#define SPIN_ITERATIONS 4096
+
+typedef struct {
+    pl_pool *pool;
+    int ith;
+} worker_arg;
+
+struct pl_pool {
+    int n_threads;
+    pl_thread *threads;  /* (n_threads - 1) workers; the caller is thread 0 */
+    worker_arg *args;    /* (n_threads - 1) */
+    pl_task_fn fn;
+    void *arg;
+    atomic_int job;      /* bumped once per pool_run */
+    atomic_int stop;
+    atomic_int arrived;  /* threads at the current barrier */
+    atomic_int phase;    /* bumped when a barrier opens */
+    atomic_int sleepers; /* threads blocked on wake */
+    pl_mutex lock;
+    pl_cond wake;
+};
+
+/* Waits until *word differs from old. */
+static void wait_change(pl_pool *p, atomic_int *word, int old) {
+    for (int i = 0; i < SPIN_ITERATIONS; i++) {
+        if (atomic_load_explicit(word, memory_order_acquire) != old) return;
+        cpu_relax();
+    }
+    mutex_lock(&p->lock);
+    /* seq_cst pairs with notify(): either it sees a sleeper, or this load sees its store. */
+    atomic_fetch_add(&p->sleepers, 1);
+    while (atomic_load(word) == old) cond_wait(&p->wake, &p->lock);
+    atomic_fetch_sub(&p->sleepers, 1);
+    mutex_unlock(&p->lock);
+}
+
+static void notify(pl_pool *p) {
+    if (atomic_load(&p->sleepers) == 0) return;
+    mutex_lock(&p->lock);
+    cond_broadcast(&p->wake);
+    mutex_unlock(&p->lock);
+}
+
+void pl_barrier(pl_pool *p) {
+    if (p->n_threads == 1) return;
+    int phase = atomic_load(&p->phase);
+    if (atomic_fetch_add(&p->arrived, 1) == p->n_threads - 1) {
+        atomic_store(&p->arrived, 0);
+        atomic_fetch_add(&p->phase, 1);
+        notify(p);
+    } else {
+        wait_change(p, &p->phase, phase);
+    }
+}
+
+#ifdef _WIN32
+static DWORD WINAPI worker_main(LPVOID raw)
+#else
+static void *worker_main(void *raw)
+#endif
+{
+    worker_arg *w = raw;
+    pl_pool *p = w->pool;
+    int seen = 0;
+    for (;;) {
+        wait_change(p, &p->job, seen);
+        seen = atomic_load(&p->job);
+        if (atomic_load(&p->stop)) break;
+        p->fn(p->arg, w->ith, p->n_threads);
+        pl_barrier(p);
+    }
+    return 0;
+}
+
+pl_pool *pl_pool_create(int n_threads) {
+    if (n_threads < 1) n_threads = 1;
+    pl_pool *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->n_threads = n_threads;
+    p->threads = calloc((size_t)n_threads, sizeof *p->threads);
+    p->args = calloc((size_t)n_threads, sizeof *p->args);
+    if (!p->threads || !p->args) {
+        free(p->threads);
+        free(p->args);
+        free(p);
+        return NULL;
+    }
+    mutex_init(&p->lock);
+    cond_init(&p->wake);
+    for (int i = 1; i < n_threads; i++) {
+        p->args[i - 1] = (worker_arg){p, i};
+#ifdef _WIN32
+        p->threads[i - 1] = CreateThread(NULL, 0, worker_main, &p->args[i - 1], 0, NULL);
+        int failed = p->threads[i - 1] == NULL;
+#else
+        int failed = pthread_create(&p->threads[i - 1], NULL, worker_main, &p->args[i - 1]) != 0;
+#endif
+        if (failed) { /* run with the threads we got */
+            p->n_threads = i;
+            break;
+        }
+    }
+    return p;
+}
+
+void pl_pool_free(pl_pool *p) {
+    if (!p) return;
+    atomic_store(&p->stop, 1);
+    atomic_fetch_add(&p->job, 1);
+    mutex_lock(&p->lock);
+    cond_broadcast(&p->wake);
+    mutex_unlock(&p->lock);
+    for (int i = 1; i < p->n_threads; i++) {
+#ifdef _WIN32
+        WaitForSingleObject(p->threads[i - 1], INFINITE);
+        CloseHandle(p->threads[i - 1]);
+#else
+        pthread_join(p->threads[i - 1], NULL);
+#endif
+    }
+    cond_destroy(&p->wake);
+    mutex_destroy(&p->lock);
+    free(p->threads);
+    free(p->args);
+    free(p);
+}
+
+int pl_pool_size(const pl_pool *p) { return p->n_threads; }
+
+void pl_pool_run(pl_pool *p, pl_task_fn fn, void *arg) {
+    if (p->n_threads == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->arg = arg;
+    atomic_fetch_add(&p->job, 1);
+    notify(p);
+    fn(arg, 0, p->n_threads);
+    pl_barrier(p);
+}

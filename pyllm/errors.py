@@ -1,0 +1,22 @@
+"""The exception hierarchy: every error pyllm raises on purpose is a PyllmError."""
+
+
+class PyllmError(Exception):
+    """Base class of every pyllm error."""
+
+
+class FormatError(PyllmError, ValueError):
+    """A model file is malformed: truncated, corrupt, or describing data it does not hold."""
+
+    def __init__(self, path, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+class UnsupportedModelError(PyllmError):
+    """The file is well formed but describes an architecture, dtype or option pyllm does not run."""
+
+
+class ContextLengthError(PyllmError, ValueError):
+    """A prompt (or prompt plus cache) does not fit in the model's context."""

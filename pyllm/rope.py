@@ -1,0 +1,66 @@
+"""Rotary embedding frequencies, with the scalings checkpoints ask for.
+
+Computed in float32 exactly as transformers computes them, so angles (position × frequency,
+formed in C) agree with the oracle's to the last bit.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import UnsupportedModelError
+
+
+def default_inv_freq(head_dim: int, theta: float) -> np.ndarray:
+    """1 / theta^(2i / head_dim) for i < head_dim / 2, in float32."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    return (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+
+
+def llama3_inv_freq(inv_freq: np.ndarray, scaling: dict) -> np.ndarray:
+    """Llama 3.1's scaling: low frequencies divided by factor, high kept, a smooth blend between."""
+    factor = float(scaling["factor"])
+    low_freq_factor = float(scaling.get("low_freq_factor", 1.0))
+    high_freq_factor = float(scaling.get("high_freq_factor", 4.0))
+    old_context = float(scaling.get("original_max_position_embeddings", 8192))
+    low_freq_wavelen = old_context / low_freq_factor
+    high_freq_wavelen = old_context / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_parameters(config: dict) -> dict:
+    """The rope settings of a config.json in one shape, whichever spelling it uses.
+
+    transformers 5 writes `rope_parameters` (rope_type, rope_theta and the scaling's keys); older
+    checkpoints write `rope_theta` and an optional `rope_scaling` with `type` or `rope_type`.
+    """
+    params = config.get("rope_parameters")
+    if isinstance(params, dict) and ("rope_type" in params or "rope_theta" in params):
+        out = dict(params)
+    else:
+        out = dict(config.get("rope_scaling") or {})
+        if "type" in out and "rope_type" not in out:
+            out["rope_type"] = out.pop("type")
+        out["rope_theta"] = config.get("rope_theta", out.get("rope_theta", 10000.0))
+    out.setdefault("rope_type", "default")
+    out.setdefault("rope_theta", 10000.0)
+    return out
+
+
+def inv_freq(head_dim: int, params: dict) -> np.ndarray:
+    """Frequencies for head_dim / 2 rotary pairs under the rope parameters given."""
+    kind = params["rope_type"]
+    base = default_inv_freq(head_dim, float(params["rope_theta"]))
+    if kind == "default":
+        return base
+    if kind == "linear":
+        return (base / np.float32(params["factor"])).astype(np.float32)
+    if kind == "llama3":
+        return llama3_inv_freq(base, params)
+    raise UnsupportedModelError(f"rope scaling {kind!r} is not supported (default, linear, llama3 are)")
