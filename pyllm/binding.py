@@ -7,8 +7,6 @@ before its address reaches C. Matrices stay where they lie in the mmap; only the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import ModuleType
-
 import numpy as np
 
 from . import _core
@@ -62,7 +60,7 @@ class _Binder:
 
 def build_core(
     spec: ModelSpec,
-    family: ModuleType,
+    names: tuple[dict[str, str], dict[str, str]],
     tensors: Mapping[str, TensorInfo],
     source: str,
     keep: object,
@@ -70,9 +68,10 @@ def build_core(
     use_blas: bool = True,
     norm_offset: float = 0.0,
 ) -> _core.CoreModel:
-    """The C model for spec over tensors named as family's maps say. keep owns the memory."""
+    """The C model for spec over tensors named by names (global map, per-layer map); keep owns
+    the memory the tensors lie in."""
     b = _Binder(spec, tensors, source)
-    g, names = family.GLOBAL_NAMES, family.LAYER_NAMES
+    g, names = names
     qd, kvd = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
     mats = {"tok_embd": b.matrix(g["tok_embd"], spec.vocab_size, spec.dim)}
     head = g["tok_embd"] if spec.tied_embeddings else g["lm_head"]

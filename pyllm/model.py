@@ -14,12 +14,14 @@ import numpy as np
 
 from . import _core, arch, hub
 from .arch.spec import ModelSpec
-from .binding import build_core
+from .binding import build_core, to_float32
 from .errors import ContextLengthError, FormatError
+from .formats.gguf import GGUFFile
 from .formats.safetensors import open_checkpoint
 from .sampling import Sampler
 from .threads import default_threads
 from .tokenizer import IncrementalDecoder, Tokenizer
+from .tokenizer_gguf import tokenizer_from_gguf
 
 DEFAULT_MAX_CONTEXT = 4096  # the cache is sized for this unless n_ctx says otherwise
 
@@ -200,15 +202,7 @@ def _eos_from(config: dict) -> set[int]:
     return {int(v) for v in (value if isinstance(value, list) else [value])}
 
 
-def load(source, *, threads: int | None = None, n_ctx: int | None = None) -> Model:
-    """Loads a model folder (config.json, *.safetensors, tokenizer.json).
-
-    threads defaults to the physical cores available (OMP_NUM_THREADS is honoured); n_ctx to the
-    model's context, at most 4096.
-
-    >>> llm = pyllm.load("path/to/SmolLM2-135M-Instruct")  # doctest: +SKIP
-    """
-    folder = hub.resolve(source)
+def _load_folder(folder: str, threads: int):
     config = _read_config(folder, "config.json")
     family = arch.family_for(config)
     try:
@@ -216,16 +210,55 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None) -> Mod
     except (KeyError, TypeError, ValueError) as e:
         raise FormatError(os.path.join(folder, "config.json"), f"bad or missing setting: {e}") from None
     checkpoint = open_checkpoint(folder)
-    threads = int(threads) if threads else default_threads()
-    if threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
-    core = build_core(spec, family, checkpoint.tensors, folder, checkpoint, threads)
+    names = (family.GLOBAL_NAMES, family.LAYER_NAMES)
+    core = build_core(spec, names, checkpoint.tensors, folder, checkpoint, threads)
     tokenizer = Tokenizer.from_folder(folder)
     eos = _eos_from(config) | _eos_from(_read_config(folder, "generation_config.json"))
     if tokenizer.eos_id is not None:
         eos.add(tokenizer.eos_id)
+    return core, spec, tokenizer, eos
+
+
+def _load_gguf(path: str, threads: int):
+    gguf = GGUFFile(path)
+    meta = gguf.metadata
+    family = arch.family_for_gguf(meta)
+    shapes = {name: info.shape for name, info in gguf.tensors.items()}
+    try:
+        spec = family.spec_from_gguf(meta, shapes, meta["general.architecture"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise FormatError(path, f"bad or missing metadata: {e}") from None
+    if "rope_freqs.weight" in gguf.tensors:
+        family.apply_rope_freq_factors(spec, to_float32(gguf.tensors["rope_freqs.weight"]))
+    names = (family.GGUF_GLOBAL_NAMES, family.GGUF_LAYER_NAMES)
+    core = build_core(spec, names, gguf.tensors, path, gguf, threads)
+    info = tokenizer_from_gguf(meta)
+    tokenizer = Tokenizer(hf=info.tokenizer, bos_id=info.bos_id, eos_id=info.eos_id,
+                          chat_template=info.chat_template)
+    tokenizer.bos_token = info.tokenizer.id_to_token(info.bos_id) if info.bos_id is not None else None
+    tokenizer.eos_token = info.tokenizer.id_to_token(info.eos_id) if info.eos_id is not None else None
+    return core, spec, tokenizer, set(info.eos_ids)
+
+
+def load(source, *, threads: int | None = None, n_ctx: int | None = None) -> Model:
+    """Loads a model: a Hugging Face folder (config.json, *.safetensors, tokenizer.json), a .gguf
+    file, or an alias such as "smollm2" (fetched into the cache on first use).
+
+    threads defaults to the physical cores available (OMP_NUM_THREADS is honoured); n_ctx to the
+    model's context, at most 4096.
+
+    >>> llm = pyllm.load("smollm2")  # doctest: +SKIP
+    """
+    path = hub.resolve(source)
+    threads = int(threads) if threads else default_threads()
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    if os.path.isdir(path):
+        core, spec, tokenizer, eos = _load_folder(path, threads)
+    else:
+        core, spec, tokenizer, eos = _load_gguf(path, threads)
     if n_ctx is None:
         n_ctx = min(spec.max_seq_len, DEFAULT_MAX_CONTEXT)
     if n_ctx < 1:
         raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
-    return Model(core, spec, tokenizer, int(n_ctx), folder, eos)
+    return Model(core, spec, tokenizer, int(n_ctx), path, eos)

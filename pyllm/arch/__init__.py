@@ -12,6 +12,7 @@ from . import llama
 from .spec import ModelSpec
 
 FAMILIES: dict[str, ModuleType] = {name: llama for name in llama.ARCHITECTURES}
+GGUF_FAMILIES: dict[str, ModuleType] = {name: llama for name in llama.GGUF_ARCHITECTURES}
 
 
 def family_for(config: dict) -> ModuleType:
@@ -25,4 +26,13 @@ def family_for(config: dict) -> ModuleType:
     )
 
 
-__all__ = ["FAMILIES", "ModelSpec", "family_for"]
+def family_for_gguf(metadata: dict) -> ModuleType:
+    name = metadata.get("general.architecture")
+    if name in GGUF_FAMILIES:
+        return GGUF_FAMILIES[name]
+    raise UnsupportedModelError(
+        f"GGUF architecture {name!r} is not supported; pyllm runs {sorted(GGUF_FAMILIES)}"
+    )
+
+
+__all__ = ["FAMILIES", "GGUF_FAMILIES", "ModelSpec", "family_for", "family_for_gguf"]

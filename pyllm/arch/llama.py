@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import rope
+from ..errors import UnsupportedModelError
 from .spec import ModelSpec
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+GGUF_ARCHITECTURES = ("llama",)
 
 
 def _eos_ids(value) -> list[int]:
@@ -50,8 +54,6 @@ def spec_from_config(config: dict) -> ModelSpec:
         bos_token_id=config.get("bos_token_id"),
     )
     if config.get("hidden_act", "silu") not in ("silu", "swish"):
-        from ..errors import UnsupportedModelError
-
         raise UnsupportedModelError(f"activation {config['hidden_act']!r} is not supported for Llama")
     spec.validate()
     return spec
@@ -76,4 +78,85 @@ LAYER_NAMES = {
     "w_gate": "model.layers.{i}.mlp.gate_proj.weight",
     "w_up": "model.layers.{i}.mlp.up_proj.weight",
     "w_down": "model.layers.{i}.mlp.down_proj.weight",
+}
+
+
+def spec_from_gguf(meta: dict, tensor_shapes: dict[str, tuple[int, ...]], arch: str = "llama") -> ModelSpec:
+    """Reads the hyper-parameters from GGUF metadata (the `llama.*` keys llama.cpp writes).
+
+    llama.cpp's converter permutes the q/k rows of llama models so that rotating adjacent pairs
+    gives what transformers' rotate-half gives on the original rows: hence rope_interleaved.
+    """
+    def key(name, default=None):
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise KeyError(f"{arch}.{name}")
+        return value
+
+    dim = int(key("embedding_length"))
+    n_heads = int(key("attention.head_count"))
+    n_kv = key("attention.head_count_kv", n_heads)
+    head_dim = int(key("attention.key_length", dim // n_heads))
+    n_layers = int(key("block_count"))
+    if int(key("rope.dimension_count", head_dim)) != head_dim:
+        raise UnsupportedModelError("partial rotary embeddings are not supported")
+    scaling = meta.get(f"{arch}.rope.scaling.type") or "none"
+    params = {"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0))}
+    if scaling == "linear":
+        params.update(rope_type="linear", factor=float(key("rope.scaling.factor")))
+    elif scaling != "none":
+        raise UnsupportedModelError(f"rope scaling {scaling!r} is not supported")
+    inv_freq = rope.inv_freq(head_dim, params)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = int(meta.get(f"{arch}.vocab_size") or (len(tokens) if tokens is not None else 0)
+                or tensor_shapes["token_embd.weight"][0])
+    ffn = int(key("feed_forward_length"))
+    window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
+    spec = ModelSpec(
+        family="llama",
+        n_layers=n_layers,
+        dim=dim,
+        n_heads=n_heads,
+        n_kv_heads=int(n_kv),
+        head_dim=head_dim,
+        ffn_dim=ffn,
+        vocab_size=vocab,
+        max_seq_len=int(key("context_length", 2048)),
+        norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_inv_freq=inv_freq,
+        rope_interleaved=True,
+        attn_scale=1.0 / math.sqrt(head_dim),
+        tied_embeddings="output.weight" not in tensor_shapes,
+        sliding_windows=[window] * n_layers,
+        qkv_bias="blk.0.attn_q.bias" in tensor_shapes,
+    )
+    spec.validate()
+    return spec
+
+
+def apply_rope_freq_factors(spec: ModelSpec, factors: np.ndarray) -> None:
+    """Llama 3.1 GGUF files carry the llama3 scaling as per-frequency divisors (rope_freqs)."""
+    if factors.shape != spec.rope_inv_freq.shape:
+        raise UnsupportedModelError(f"rope_freqs has {factors.shape[0]} factors, expected {spec.rope_inv_freq.shape[0]}")
+    spec.rope_inv_freq = (spec.rope_inv_freq / factors.astype(np.float32)).astype(np.float32)
+
+
+GGUF_GLOBAL_NAMES = {
+    "tok_embd": "token_embd.weight",
+    "out_norm": "output_norm.weight",
+    "lm_head": "output.weight",
+}
+GGUF_LAYER_NAMES = {
+    "attn_norm": "blk.{i}.attn_norm.weight",
+    "wq": "blk.{i}.attn_q.weight",
+    "wk": "blk.{i}.attn_k.weight",
+    "wv": "blk.{i}.attn_v.weight",
+    "bq": "blk.{i}.attn_q.bias",
+    "bk": "blk.{i}.attn_k.bias",
+    "bv": "blk.{i}.attn_v.bias",
+    "wo": "blk.{i}.attn_output.weight",
+    "ffn_norm": "blk.{i}.ffn_norm.weight",
+    "w_gate": "blk.{i}.ffn_gate.weight",
+    "w_up": "blk.{i}.ffn_up.weight",
+    "w_down": "blk.{i}.ffn_down.weight",
 }

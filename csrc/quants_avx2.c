@@ -1,0 +1,425 @@
+/* quants_avx2.c — quantized dot products and activation quantizers for x86-64 with AVX2 (+FMA, F16C).
+ *
+ * Products are integer within a block: maddubs (u8 × s8 → pairs of i16) then madd (→ i32), so a
+ * block's sum is exact and only the per-block scaling is float, as in quants.c. Activations come
+ * from pl_quantize_q8_*: their quants lie in [−127, 127], which the sign trick below relies on.
+ * The quantizers reproduce the scalar references bit for bit.
+ */
+#include <string.h>
+
+#include "quants.h"
+
+#if defined(PL_X86) && (defined(__GNUC__) || defined(__clang__) || defined(_MSC_VER))
+#include <immintrin.h>
+
+PL_TARGET_AVX2 static inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+PL_TARGET_AVX2 static inline float hmax_ps(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+PL_TARGET_AVX2 static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+/* 16 bytes of nibbles → 32 bytes: the low nibbles (elements 0..15), then the high ones. */
+PL_TARGET_AVX2 static inline __m256i unpack_nibbles(const uint8_t *qs) {
+    __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+}
+
+/* 32 bits → 32 bytes, 0xFF where the bit is set. */
+PL_TARGET_AVX2 static inline __m256i unpack_bits(const uint8_t *qh) {
+    uint32_t v;
+    memcpy(&v, qh, 4);
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                            2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)v), spread);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+}
+
+/* Σ of 4 adjacent u8·s8 products, as 8 i32. */
+PL_TARGET_AVX2 static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* The same for s8·s8: the sign moves onto y (|y| ≤ 127, so negating it cannot overflow). */
+PL_TARGET_AVX2 static inline __m256i dot_s8s8(__m256i x, __m256i y) {
+    return dot_u8s8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+/* ================================================================ blocks of 32 */
+
+/* Two blocks an iteration into two accumulators; SUM(i) yields block i's i32 lanes and SCALE(i)
+ * its float scale. */
+#define BLOCK32_LOOP(SUM, SCALE)                                                       \
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                    \
+    int64_t nb = n / QK, i = 0;                                                       \
+    for (; i + 2 <= nb; i += 2) {                                                     \
+        __m256i s0 = SUM(i), s1 = SUM(i + 1);                                          \
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(i)), _mm256_cvtepi32_ps(s0), acc0); \
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(i + 1)), _mm256_cvtepi32_ps(s1), acc1); \
+    }                                                                                 \
+    for (; i < nb; i++)                                                               \
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(i)), _mm256_cvtepi32_ps(SUM(i)), acc0);
+
+#define LOAD_Y(i) _mm256_loadu_si256((const __m256i *)x[i].qs)
+
+PL_TARGET_AVX2 static float vec_dot_q4_0_q8_0_avx2(const void *vw, const void *vx, int64_t n) {
+    const pl_block_q4_0 *w = vw;
+    const pl_block_q8_0 *x = vx;
+#define SUM(i) dot_s8s8(_mm256_sub_epi8(unpack_nibbles(w[i].qs), _mm256_set1_epi8(8)), LOAD_Y(i))
+#define SCALE(i) (f16(w[i].d) * f16(x[i].d))
+    BLOCK32_LOOP(SUM, SCALE)
+#undef SUM
+#undef SCALE
+    return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+PL_TARGET_AVX2 static float vec_dot_q8_0_q8_0_avx2(const void *vw, const void *vx, int64_t n) {
+    const pl_block_q8_0 *w = vw;
+    const pl_block_q8_0 *x = vx;
+#define SUM(i) dot_s8s8(_mm256_loadu_si256((const __m256i *)w[i].qs), LOAD_Y(i))
+#define SCALE(i) (f16(w[i].d) * f16(x[i].d))
+    BLOCK32_LOOP(SUM, SCALE)
+#undef SUM
+#undef SCALE
+    return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+/* q5_0: where bit 4 is clear, OR-ing 0xF0 onto the nibble makes the byte nibble − 16 (as i8). */
+PL_TARGET_AVX2 static inline __m256i q5_0_signed(const pl_block_q5_0 *b) {
+    __m256i hi = _mm256_andnot_si256(unpack_bits(b->qh), _mm256_set1_epi8((char)0xF0));
+    return _mm256_or_si256(unpack_nibbles(b->qs), hi);
+}
+
+PL_TARGET_AVX2 static float vec_dot_q5_0_q8_0_avx2(const void *vw, const void *vx, int64_t n) {
+    const pl_block_q5_0 *w = vw;
+    const pl_block_q8_0 *x = vx;
+#define SUM(i) dot_s8s8(q5_0_signed(&w[i]), LOAD_Y(i))
+#define SCALE(i) (f16(w[i].d) * f16(x[i].d))
+    BLOCK32_LOOP(SUM, SCALE)
+#undef SUM
+#undef SCALE
+    return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+/* q4_1, q5_1: Σ (d·q + m)·dy·qy = d·dy·Σ q·qy + m·s, s = dy·Σ qy kept in the activation block. */
+PL_TARGET_AVX2 static float vec_dot_q4_1_q8_1_avx2(const void *vw, const void *vx, int64_t n) {
+    const pl_block_q4_1 *w = vw;
+    const pl_block_q8_1 *x = vx;
+    float summ = 0.0f;
+    for (int64_t j = 0; j < n / QK; j++) summ += f16(w[j].m) * x[j].s;
+#define SUM(i) dot_u8s8(unpack_nibbles(w[i].qs), LOAD_Y(i))
+#define SCALE(i) (f16(w[i].d) * x[i].d)
+    BLOCK32_LOOP(SUM, SCALE)
+#undef SUM
+#undef SCALE
+    return hsum_ps(_mm256_add_ps(acc0, acc1)) + summ;
+}
+
+PL_TARGET_AVX2 static inline __m256i q5_1_unsigned(const pl_block_q5_1 *b) {
+    __m256i hi = _mm256_and_si256(unpack_bits(b->qh), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(unpack_nibbles(b->qs), hi);
+}
+
+PL_TARGET_AVX2 static float vec_dot_q5_1_q8_1_avx2(const void *vw, const void *vx, int64_t n) {
+    const pl_block_q5_1 *w = vw;
+    const pl_block_q8_1 *x = vx;
+    float summ = 0.0f;
+    for (int64_t j = 0; j < n / QK; j++) summ += f16(w[j].m) * x[j].s;
+#define SUM(i) dot_u8s8(q5_1_unsigned(&w[i]), LOAD_Y(i))
+#define SCALE(i) (f16(w[i].d) * x[i].d)
+    BLOCK32_LOOP(SUM, SCALE)
+#undef SUM
+#undef SCALE
+    return hsum_ps(_mm256_add_ps(acc0, acc1)) + summ;
+}
+
+#undef LOAD_Y
+
+/* ================================================================ k-quants */
+
+/* The 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a q4_K/q5_K super-block, unpacked from
+ * 12 bytes with 32-bit masks: the layout pl_get_scale_min_k4 describes. */
+static inline __m128i unpack_scales_k4(const uint8_t *p) {
+    uint32_t u[4];
+    memcpy(u, p, 12);
+    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
+    uint32_t mins_lo = u[1] & low6;
+    u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4);
+    u[1] = (u[2] & low4) | (((u[0] >> 6) & top2) << 4);
+    u[0] &= low6;
+    u[2] = mins_lo;
+    return _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
+}
+
+/* i16 lane c of v in every lane of the low 128 bits, lane c + 1 in the high: shuffle masks. */
+#define PAIR_MASK(c)                                                                              \
+    _mm256_setr_epi8(2 * (c), 2 * (c) + 1, 2 * (c), 2 * (c) + 1, 2 * (c), 2 * (c) + 1, 2 * (c),    \
+                     2 * (c) + 1, 2 * (c), 2 * (c) + 1, 2 * (c), 2 * (c) + 1, 2 * (c), 2 * (c) + 1, \
+                     2 * (c), 2 * (c) + 1, 2 * (c) + 2, 2 * (c) + 3, 2 * (c) + 2, 2 * (c) + 3,      \
+                     2 * (c) + 2, 2 * (c) + 3, 2 * (c) + 2, 2 * (c) + 3, 2 * (c) + 2, 2 * (c) + 3,  \
+                     2 * (c) + 2, 2 * (c) + 3, 2 * (c) + 2, 2 * (c) + 3, 2 * (c) + 2, 2 * (c) + 3)
+
+/* i16 lane c of v in every lane. */
+#define BCAST_MASK(c)                                                                           \
+    _mm256_setr_epi8(2 * (c), 2 * (c) + 1, 2 * (c), 2 * (c) + 1, 2 * (c), 2 * (c) + 1, 2 * (c),  \
+                     2 * (c) + 1, 2 * (c), 2 * (c) + 1, 2 * (c), 2 * (c) + 1, 2 * (c), 2 * (c) + 1, \
+                     2 * (c), 2 * (c) + 1, 2 * (c), 2 * (c) + 1, 2 * (c), 2 * (c) + 1, 2 * (c),     \
+                     2 * (c) + 1, 2 * (c), 2 * (c) + 1, 2 * (c), 2 * (c) + 1, 2 * (c), 2 * (c) + 1, \
+                     2 * (c), 2 * (c) + 1, 2 * (c), 2 * (c) + 1)
+
+/* The mins' share of a q4_K/q5_K super-block: Σ_j m_j · Σ y over sub-block j (from bsums). */
+PL_TARGET_AVX2 static inline __m128i k4_mins_dot(__m128i sm, const pl_block_q8_K *x) {
+    __m256i bs = _mm256_loadu_si256((const __m256i *)x->bsums);
+    __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    return _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)), bs32);
+}
+
+PL_TARGET_AVX2 static float vec_dot_q4_K_q8_K_avx2(const void *vw, const void *vx, int64_t n) {
+    const pl_block_q4_K *w = vw;
+    const pl_block_q8_K *x = vx;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d = x[i].d * f16(w[i].d), dmin = x[i].d * f16(w[i].dmin);
+        __m128i sm = unpack_scales_k4(w[i].scales);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_dot(sm, &x[i])), accm);
+        __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)); /* 8 scales as i16, twice */
+        const uint8_t *q = w[i].qs;
+        const int8_t *y = x[i].qs;
+        __m256i sumi = _mm256_setzero_si256();
+#define CHUNK(c)                                                                                  \
+    {                                                                                             \
+        __m256i b = _mm256_loadu_si256((const __m256i *)(q + 32 * (c)));                          \
+        __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(b, m4),                                \
+                                          _mm256_loadu_si256((const __m256i *)(y + 64 * (c))));   \
+        __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4),          \
+                                          _mm256_loadu_si256((const __m256i *)(y + 64 * (c) + 32))); \
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(lo, _mm256_shuffle_epi8(sc, BCAST_MASK(2 * (c))))); \
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(hi, _mm256_shuffle_epi8(sc, BCAST_MASK(2 * (c) + 1)))); \
+    }
+        CHUNK(0) CHUNK(1) CHUNK(2) CHUNK(3)
+#undef CHUNK
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    accm = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    accm = _mm_add_ss(accm, _mm_movehdup_ps(accm));
+    return hsum_ps(acc) - _mm_cvtss_f32(accm);
+}
+
+PL_TARGET_AVX2 static float vec_dot_q5_K_q8_K_avx2(const void *vw, const void *vx, int64_t n) {
+    const pl_block_q5_K *w = vw;
+    const pl_block_q8_K *x = vx;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d = x[i].d * f16(w[i].d), dmin = x[i].d * f16(w[i].dmin);
+        __m128i sm = unpack_scales_k4(w[i].scales);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_dot(sm, &x[i])), accm);
+        __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+        const uint8_t *q = w[i].qs;
+        const int8_t *y = x[i].qs;
+        __m256i hbits = _mm256_loadu_si256((const __m256i *)w[i].qh);
+        __m256i sumi = _mm256_setzero_si256();
+        /* Chunk c's high bits are bits 2c (first 32) and 2c+1 (next 32): shifted into bit 4. Bits
+         * a 16-bit shift carries across bytes never land on bit 4. */
+#define CHUNK(c)                                                                                  \
+    {                                                                                             \
+        __m256i b = _mm256_loadu_si256((const __m256i *)(q + 32 * (c)));                          \
+        __m256i hb = _mm256_srli_epi16(hbits, 2 * (c));                                           \
+        __m256i ql = _mm256_or_si256(_mm256_and_si256(b, m4),                                     \
+                                     _mm256_and_si256(_mm256_slli_epi16(hb, 4), bit4));           \
+        __m256i qh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4),               \
+                                     _mm256_and_si256(_mm256_slli_epi16(hb, 3), bit4));           \
+        __m256i lo = _mm256_maddubs_epi16(ql, _mm256_loadu_si256((const __m256i *)(y + 64 * (c)))); \
+        __m256i hi =                                                                              \
+            _mm256_maddubs_epi16(qh, _mm256_loadu_si256((const __m256i *)(y + 64 * (c) + 32)));   \
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(lo, _mm256_shuffle_epi8(sc, BCAST_MASK(2 * (c))))); \
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(hi, _mm256_shuffle_epi8(sc, BCAST_MASK(2 * (c) + 1)))); \
+    }
+        CHUNK(0) CHUNK(1) CHUNK(2) CHUNK(3)
+#undef CHUNK
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    accm = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    accm = _mm_add_ss(accm, _mm_movehdup_ps(accm));
+    return hsum_ps(acc) - _mm_cvtss_f32(accm);
+}
+
+/* q6_K: Σ sc·(q − 32)·y = Σ sc·q·y − 32·Σ_g sc_g·bsum_g, with q ∈ [0, 63] unsigned for maddubs. */
+PL_TARGET_AVX2 static float vec_dot_q6_K_q8_K_avx2(const void *vw, const void *vx, int64_t n) {
+    const pl_block_q6_K *w = vw;
+    const pl_block_q8_K *x = vx;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d = x[i].d * f16(w[i].d);
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].scales));
+        __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x[i].bsums));
+        __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w[i].ql + 64 * h;
+            const int8_t *y = x[i].qs + 128 * h;
+            __m256i sc = _mm256_broadcastsi128_si256(
+                _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(w[i].scales + 8 * h))));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(w[i].qh + 32 * h));
+            __m256i b1 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i b2 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            /* Bits 2k..2k+1 of qh go to bits 4..5 of element group k (16-bit shifts, as in q5_K). */
+            __m256i q0 = _mm256_or_si256(_mm256_and_si256(b1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m2));
+            __m256i q1 = _mm256_or_si256(_mm256_and_si256(b2, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m2));
+            __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), _mm256_and_si256(hb, m2));
+            __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
+                                         _mm256_and_si256(_mm256_srli_epi16(hb, 2), m2));
+            /* Element group k covers two scales: the first 16 (low half), the next 16 (high). */
+            __m256i p0 = _mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)y));
+            __m256i p1 = _mm256_maddubs_epi16(q1, _mm256_loadu_si256((const __m256i *)(y + 32)));
+            __m256i p2 = _mm256_maddubs_epi16(q2, _mm256_loadu_si256((const __m256i *)(y + 64)));
+            __m256i p3 = _mm256_maddubs_epi16(q3, _mm256_loadu_si256((const __m256i *)(y + 96)));
+            p0 = _mm256_madd_epi16(p0, _mm256_shuffle_epi8(sc, PAIR_MASK(0)));
+            p1 = _mm256_madd_epi16(p1, _mm256_shuffle_epi8(sc, PAIR_MASK(2)));
+            p2 = _mm256_madd_epi16(p2, _mm256_shuffle_epi8(sc, PAIR_MASK(4)));
+            p3 = _mm256_madd_epi16(p3, _mm256_shuffle_epi8(sc, PAIR_MASK(6)));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum_ps(acc);
+}
+
+/* ================================================================ activation quantizers */
+
+/* roundf: to nearest, ties away from zero (what ggml's q8_0/q8_1 references use). */
+PL_TARGET_AVX2 static inline __m256i round_away(__m256 v) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t)); /* exact */
+    __m256 one = _mm256_or_ps(_mm256_and_ps(v, sign), _mm256_set1_ps(1.0f));
+    __m256 up = _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one);
+    return _mm256_cvttps_epi32(_mm256_add_ps(t, up));
+}
+
+/* 32 i32 (elements 0..7, 8..15, …) → 32 i8 in order. */
+PL_TARGET_AVX2 static inline __m256i pack_i32x4(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* One block of 32 for q8_0/q8_1; returns Σ q. */
+PL_TARGET_AVX2 static inline int quantize_block32(const float *x, int8_t *qs, float *d_out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+    __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+    __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                             _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    float amax = hmax_ps(a);
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m256 vid = _mm256_set1_ps(id);
+    __m256i i0 = round_away(_mm256_mul_ps(v0, vid)), i1 = round_away(_mm256_mul_ps(v1, vid));
+    __m256i i2 = round_away(_mm256_mul_ps(v2, vid)), i3 = round_away(_mm256_mul_ps(v3, vid));
+    _mm256_storeu_si256((__m256i *)qs, pack_i32x4(i0, i1, i2, i3));
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    *d_out = d;
+    return _mm_cvtsi128_si32(s4);
+}
+
+PL_TARGET_AVX2 static void quantize_q8_0_avx2(const float *x, void *dst, int64_t n) {
+    pl_block_q8_0 *y = dst;
+    for (int64_t i = 0; i < n / QK; i++) {
+        float d;
+        quantize_block32(x + i * QK, y[i].qs, &d);
+        y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    }
+}
+
+PL_TARGET_AVX2 static void quantize_q8_1_avx2(const float *x, void *dst, int64_t n) {
+    pl_block_q8_1 *y = dst;
+    for (int64_t i = 0; i < n / QK; i++) {
+        float d;
+        int sum = quantize_block32(x + i * QK, y[i].qs, &d);
+        y[i].d = d;
+        y[i].s = (float)sum * d;
+    }
+}
+
+PL_TARGET_AVX2 static void quantize_q8_K_avx2(const float *x, void *dst, int64_t n) {
+    pl_block_q8_K *y = dst;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        __m256 a = _mm256_setzero_ps();
+        for (int j = 0; j < QK_K; j += 8) a = _mm256_max_ps(a, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+        float amax = hmax_ps(a);
+        if (!(amax > 0.0f)) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        /* The first element of that magnitude gives the sign, as in the reference. */
+        __m256 va = _mm256_set1_ps(amax);
+        int j = 0, mask = 0;
+        for (; j < QK_K; j += 8) {
+            mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), va, _CMP_EQ_OQ));
+            if (mask) break;
+        }
+        int k0 = 0;
+        while (!((mask >> k0) & 1)) k0++;
+        float max = x[j + k0];
+        float iscale = -127.0f / max;
+        __m256 vs = _mm256_set1_ps(iscale);
+        const __m256i cap = _mm256_set1_epi32(127), one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
+        __m256i sums[8];
+        for (int k = 0; k < 8; k++) {
+            const float *xk = x + 32 * k;
+            /* cvtps rounds to nearest even, as nearest_int does */
+            __m256i i0 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(xk))), cap);
+            __m256i i1 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(xk + 8))), cap);
+            __m256i i2 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(xk + 16))), cap);
+            __m256i i3 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(xk + 24))), cap);
+            __m256i q = pack_i32x4(i0, i1, i2, i3);
+            _mm256_storeu_si256((__m256i *)(y[i].qs + 32 * k), q);
+            /* 8 i32: 4 partial sums of elements 0..15 (low half), 4 of 16..31 (high half) */
+            sums[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(one8, q), one16);
+        }
+        /* hadd twice: low halves hold groups 0, 2, 4, 6 (8, 10, …), high halves the odd ones. */
+        __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(sums[0], sums[1]), _mm256_hadd_epi32(sums[2], sums[3]));
+        __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(sums[4], sums[5]), _mm256_hadd_epi32(sums[6], sums[7]));
+        __m256i g = _mm256_packs_epi32(g0, g1); /* low: groups 0,2,..,14; high: 1,3,..,15 */
+        __m128i lo = _mm256_castsi256_si128(g), hi = _mm256_extracti128_si256(g, 1);
+        _mm_storeu_si128((__m128i *)y[i].bsums, _mm_unpacklo_epi16(lo, hi));
+        _mm_storeu_si128((__m128i *)(y[i].bsums + 8), _mm_unpackhi_epi16(lo, hi));
+        y[i].d = 1 / iscale;
+    }
+}
+
+int pl_install_quants_avx2(void) {
+    pl_traits_slot(PL_TYPE_Q4_0)->vec_dot = vec_dot_q4_0_q8_0_avx2;
+    pl_traits_slot(PL_TYPE_Q4_1)->vec_dot = vec_dot_q4_1_q8_1_avx2;
+    pl_traits_slot(PL_TYPE_Q5_0)->vec_dot = vec_dot_q5_0_q8_0_avx2;
+    pl_traits_slot(PL_TYPE_Q5_1)->vec_dot = vec_dot_q5_1_q8_1_avx2;
+    pl_traits_slot(PL_TYPE_Q8_0)->vec_dot = vec_dot_q8_0_q8_0_avx2;
+    pl_traits_slot(PL_TYPE_Q4_K)->vec_dot = vec_dot_q4_K_q8_K_avx2;
+    pl_traits_slot(PL_TYPE_Q5_K)->vec_dot = vec_dot_q5_K_q8_K_avx2;
+    pl_traits_slot(PL_TYPE_Q6_K)->vec_dot = vec_dot_q6_K_q8_K_avx2;
+    pl_traits_slot(PL_TYPE_Q8_0)->from_f32 = quantize_q8_0_avx2;
+    pl_traits_slot(PL_TYPE_Q8_1)->from_f32 = quantize_q8_1_avx2;
+    pl_traits_slot(PL_TYPE_Q8_K)->from_f32 = quantize_q8_K_avx2;
+    return 1;
+}
+
+#else
+int pl_install_quants_avx2(void) { return 0; }
+#endif

