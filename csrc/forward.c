@@ -60,7 +60,7 @@ static void forward_task(void *raw, int ith, int nth) {
         pl_matmul_out qkv[3] = {{&L->wq, s->q, qd, L->bq},
                                 {&L->wk, kc + (int64_t)pos0 * kvd, kvd, L->bk},
                                 {&L->wv, vc + (int64_t)pos0 * kvd, kvd, L->bv}};
-        pl_matmul(qkv, 3, s->xn, n, &s->mm, pool, ith, nth);
+        pl_matmul(qkv, 3, s->xn, n, n, &s->mm, pool, ith, nth);
         pl_barrier(pool);
 
         for (int t = ith; t < n; t += nth) {
@@ -76,7 +76,7 @@ static void forward_task(void *raw, int ith, int nth) {
         pl_barrier(pool);
 
         pl_matmul_out o[1] = {{&L->wo, s->tmp, dim, NULL}};
-        pl_matmul(o, 1, s->att, n, &s->mm, pool, ith, nth);
+        pl_matmul(o, 1, s->att, n, n, &s->mm, pool, ith, nth);
         pl_barrier(pool);
 
         residual_norm(a, 1, L->ffn_norm, 0, ith, nth);
@@ -84,7 +84,7 @@ static void forward_task(void *raw, int ith, int nth) {
 
         pl_matmul_out gu[2] = {{&L->w_gate, s->gate, m->ffn_dim, NULL},
                                {&L->w_up, s->up, m->ffn_dim, NULL}};
-        pl_matmul(gu, 2, s->xn, n, &s->mm, pool, ith, nth);
+        pl_matmul(gu, 2, s->xn, n, n, &s->mm, pool, ith, nth);
         pl_barrier(pool);
 
         for (int t = ith; t < n; t += nth) {
@@ -98,7 +98,7 @@ static void forward_task(void *raw, int ith, int nth) {
         pl_barrier(pool);
 
         pl_matmul_out d[1] = {{&L->w_down, s->tmp, dim, NULL}};
-        pl_matmul(d, 1, s->gate, n, &s->mm, pool, ith, nth);
+        pl_matmul(d, 1, s->gate, n, n, &s->mm, pool, ith, nth);
         pl_barrier(pool);
     }
 
@@ -111,7 +111,7 @@ static void forward_task(void *raw, int ith, int nth) {
     residual_norm(a, 1, m->out_norm, first, ith, nth);
     pl_barrier(pool);
     pl_matmul_out head[1] = {{&m->lm_head, a->logits, m->vocab_size, NULL}};
-    pl_matmul(head, 1, s->xn + (int64_t)first * dim, n - first, &s->mm, pool, ith, nth);
+    pl_matmul(head, 1, s->xn + (int64_t)first * dim, n - first, n, &s->mm, pool, ith, nth);
 }
 
 int pl_forward(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,

@@ -73,8 +73,10 @@ typedef struct {
 #define PL_BLAS_MIN_TOKENS 16
 
 /* Computes every out of a group that shares its input x (n, w->cols): q/k/v, or gate/up. Called by
- * every pool thread; the caller places a barrier before the outputs are read. */
-void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n,
+ * every pool thread; the caller places a barrier before the outputs are read. batch is the number
+ * of tokens of the forward pass: it picks the path (sgemm from PL_BLAS_MIN_TOKENS on), so every
+ * row of a prefill — the last one's logits included — is computed the same way. */
+void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
                const pl_matmul_scratch *scratch, pl_pool *pool, int ith, int nth);
 /* Bytes of one xq region for n rows of cols inputs of a weight type. */
 int64_t pl_matmul_xq_bytes(int type, int64_t cols, int n);

@@ -43,9 +43,9 @@ static void matmul_blas(const pl_matmul_out *o, const float *x, int n,
     }
 }
 
-void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n,
+void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
                const pl_matmul_scratch *sc, pl_pool *pool, int ith, int nth) {
-    if (sc->sgemm && n >= PL_BLAS_MIN_TOKENS) {
+    if (sc->sgemm && batch >= PL_BLAS_MIN_TOKENS) {
         for (int i = 0; i < n_outs; i++) matmul_blas(&outs[i], x, n, sc, pool, ith, nth);
         return;
     }

@@ -105,7 +105,7 @@ typedef void (*pl_sgemm_fn)(char *transa, char *transb, int *m, int *n, int *k, 
                             float *a, int *lda, float *b, int *ldb, float *beta, float *c,
                             int *ldc);
 
-/* ---------------------------------------------------------------- model (forward.c) */
+/* ---------------------------------------------------------------- tensors */
 
 typedef struct {
     int type;         /* enum pl_type */
@@ -113,6 +113,12 @@ typedef struct {
     int64_t cols;     /* input features, a whole number of blocks */
     const void *data; /* rows × pl_row_size(type, cols) bytes, in the mmap or an owned buffer */
 } pl_tensor;
+
+/* Re-encodes src (rows × cols) into dst_type at dst (rows × pl_row_size(dst_type, cols) bytes),
+ * rows split over the pool; PL_OK, or PL_ERR_ARGS for types that cannot convert. */
+int pl_convert_tensor(pl_pool *pool, const pl_tensor *src, int dst_type, void *dst);
+
+/* ---------------------------------------------------------------- model (forward.c) */
 
 enum pl_activation { PL_ACT_SILU = 0, PL_ACT_GELU_TANH = 1 };
 

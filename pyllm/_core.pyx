@@ -67,6 +67,7 @@ cdef extern from "pyllm.h" nogil:
         pl_layer *layers
         pl_sgemm_fn sgemm
     const char *pl_model_check(const pl_model *m)
+    int pl_convert_tensor(pl_pool *pool, const pl_tensor *src, int dst_type, void *dst)
 
     ctypedef struct pl_state:
         pass
@@ -90,7 +91,7 @@ cdef extern from "kernels.h" nogil:
         float *wtile
         int64_t tile_floats
         pl_sgemm_fn sgemm
-    void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n,
+    void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
                    const pl_matmul_scratch *scratch, pl_pool *pool, int ith, int nth)
     int64_t pl_matmul_xq_bytes(int type, int64_t cols, int n)
     void pl_pool_run(pl_pool *pool, void (*fn)(void *arg, int ith, int nth) noexcept nogil, void *arg)
@@ -189,7 +190,7 @@ cdef struct _matmul_job:
 
 cdef void _matmul_task(void *arg, int ith, int nth) noexcept nogil:
     cdef _matmul_job *job = <_matmul_job *>arg
-    pl_matmul(&job.out, 1, job.x, job.n, job.scratch, job.pool, ith, nth)
+    pl_matmul(&job.out, 1, job.x, job.n, job.n, job.scratch, job.pool, ith, nth)
 
 
 def matmul(int wtype, const unsigned char[::1] w, int64_t rows, int64_t cols, const float[:, ::1] x,
@@ -236,6 +237,35 @@ def matmul(int wtype, const unsigned char[::1] w, int64_t rows, int64_t cols, co
         pl_pool_run(pool, _matmul_task, &job)
     pl_pool_free(pool)
     return y
+
+
+def convert_tensor(int src_type, const unsigned char[::1] data, int64_t rows, int64_t cols,
+                   int dst_type, int threads=1):
+    """Re-encodes a (rows, cols) matrix stored as src_type into dst_type, in parallel; returns the
+    bytes (quantize-on-load)."""
+    _traits(src_type)
+    _traits(dst_type)
+    if data.shape[0] < rows * row_size(src_type, cols):
+        raise ValueError("buffer shorter than the matrix")
+    out = np.empty(rows * row_size(dst_type, cols), dtype=np.uint8)
+    if rows == 0 or cols == 0:
+        return out
+    cdef unsigned char[::1] o = out
+    cdef pl_tensor t
+    t.type = src_type
+    t.rows = rows
+    t.cols = cols
+    t.data = &data[0]
+    cdef pl_pool *pool = pl_pool_create(threads)
+    if pool == NULL:
+        raise MemoryError("could not start threads")
+    cdef int rc
+    with nogil:
+        rc = pl_convert_tensor(pool, &t, dst_type, &o[0])
+    pl_pool_free(pool)
+    if rc != 0:
+        raise ValueError(f"cannot convert type {src_type} to type {dst_type}")
+    return out
 
 
 cdef inline const float *_f32_ptr(object arr):

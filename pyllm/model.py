@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _core, arch, hub
 from .arch.spec import ModelSpec
-from .binding import build_core, to_float32
+from .binding import build_core, parse_dtype, to_float32
 from .errors import ContextLengthError, FormatError
 from .formats.gguf import GGUFFile
 from .formats.safetensors import open_checkpoint
@@ -202,7 +202,7 @@ def _eos_from(config: dict) -> set[int]:
     return {int(v) for v in (value if isinstance(value, list) else [value])}
 
 
-def _load_folder(folder: str, threads: int):
+def _load_folder(folder: str, threads: int, dtype):
     config = _read_config(folder, "config.json")
     family = arch.family_for(config)
     try:
@@ -211,7 +211,7 @@ def _load_folder(folder: str, threads: int):
         raise FormatError(os.path.join(folder, "config.json"), f"bad or missing setting: {e}") from None
     checkpoint = open_checkpoint(folder)
     names = (family.GLOBAL_NAMES, family.LAYER_NAMES)
-    core = build_core(spec, names, checkpoint.tensors, folder, checkpoint, threads)
+    core = build_core(spec, names, checkpoint.tensors, folder, checkpoint, threads, dtype=dtype)
     tokenizer = Tokenizer.from_folder(folder)
     eos = _eos_from(config) | _eos_from(_read_config(folder, "generation_config.json"))
     if tokenizer.eos_id is not None:
@@ -219,7 +219,7 @@ def _load_folder(folder: str, threads: int):
     return core, spec, tokenizer, eos
 
 
-def _load_gguf(path: str, threads: int):
+def _load_gguf(path: str, threads: int, dtype):
     gguf = GGUFFile(path)
     meta = gguf.metadata
     family = arch.family_for_gguf(meta)
@@ -231,7 +231,7 @@ def _load_gguf(path: str, threads: int):
     if "rope_freqs.weight" in gguf.tensors:
         family.apply_rope_freq_factors(spec, to_float32(gguf.tensors["rope_freqs.weight"]))
     names = (family.GGUF_GLOBAL_NAMES, family.GGUF_LAYER_NAMES)
-    core = build_core(spec, names, gguf.tensors, path, gguf, threads)
+    core = build_core(spec, names, gguf.tensors, path, gguf, threads, dtype=dtype)
     info = tokenizer_from_gguf(meta)
     tokenizer = Tokenizer(hf=info.tokenizer, bos_id=info.bos_id, eos_id=info.eos_id,
                           chat_template=info.chat_template)
@@ -240,23 +240,28 @@ def _load_gguf(path: str, threads: int):
     return core, spec, tokenizer, set(info.eos_ids)
 
 
-def load(source, *, threads: int | None = None, n_ctx: int | None = None) -> Model:
+def load(source, *, threads: int | None = None, n_ctx: int | None = None,
+         dtype: str | None = None) -> Model:
     """Loads a model: a Hugging Face folder (config.json, *.safetensors, tokenizer.json), a .gguf
     file, or an alias such as "smollm2" (fetched into the cache on first use).
 
     threads defaults to the physical cores available (OMP_NUM_THREADS is honoured); n_ctx to the
-    model's context, at most 4096.
+    model's context, at most 4096. dtype re-encodes every weight matrix at load, in C on all threads:
+    "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k" (k-quants fall
+    back to q5_0/q5_1/q8_0 for rows that are not whole 256-blocks); norms stay f32. None keeps what
+    the file holds.
 
     >>> llm = pyllm.load("smollm2")  # doctest: +SKIP
     """
+    wtype = parse_dtype(dtype)
     path = hub.resolve(source)
     threads = int(threads) if threads else default_threads()
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     if os.path.isdir(path):
-        core, spec, tokenizer, eos = _load_folder(path, threads)
+        core, spec, tokenizer, eos = _load_folder(path, threads, wtype)
     else:
-        core, spec, tokenizer, eos = _load_gguf(path, threads)
+        core, spec, tokenizer, eos = _load_gguf(path, threads, wtype)
     if n_ctx is None:
         n_ctx = min(spec.max_seq_len, DEFAULT_MAX_CONTEXT)
     if n_ctx < 1:

@@ -24,13 +24,15 @@ tokenizer.json and tiktoken do); pieces of the StarCoder/SmolLM family split dig
 """
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from operator import itemgetter
 from typing import Dict, List, Optional, Tuple
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
 from .errors import FormatError, UnsupportedModelError
@@ -38,6 +40,7 @@ from .errors import FormatError, UnsupportedModelError
 METADATA = "<gguf metadata>"
 
 # llama.cpp's token types (`tokenizer.ggml.token_type`, enum llama_token_type).
+TOKEN_NORMAL = 1
 TOKEN_CONTROL = 3  # <|im_start|>, <bos>: matched whole in text, dropped by skip_special_tokens
 TOKEN_USER_DEFINED = 4  # <think>, "\n\n" in Gemma: matched whole in text, kept when decoding
 
@@ -89,8 +92,10 @@ _TEKKEN_SPLIT = (
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _GPT4O_SPLIT = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
@@ -106,7 +111,8 @@ _GPT4O = PreTokenizer(_GPT4O_SPLIT)
 # the key is "default"; like transformers we read that as GPT-2 (llama.cpp guesses a regex of its own).
 PRE_TOKENIZERS: Dict[str, PreTokenizer] = {
     **dict.fromkeys(
-        ("default", "gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "gigachat", "exaone4", "mellum", "a.x-4.0"),
+        ("default", "gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "gigachat", "exaone4", "mellum",
+         "a.x-4.0"),
         _GPT2,
     ),
     **dict.fromkeys(
@@ -163,7 +169,13 @@ def tokenizer_from_gguf(metadata: Mapping[str, object], source: str = METADATA) 
             ("eom", "eom_token_id"),
         )
     }
-    special = [tokens[ids[name]] for name in ("bos", "eos", "unk", "pad") if ids[name] is not None]
+    # bos/eos/unk/pad are special tokens too (transformers adds them), unless the file calls one a
+    # normal token: a pad id pointing at "!" must not make every "!" vanish from decoded text.
+    special = [
+        tokens[i]
+        for i in (ids["bos"], ids["eos"], ids["unk"], ids["pad"])
+        if i is not None and (token_types is None or token_types[i] != TOKEN_NORMAL)
+    ]
 
     if model == "gpt2":
         if merges is None:
@@ -179,13 +191,17 @@ def tokenizer_from_gguf(metadata: Mapping[str, object], source: str = METADATA) 
     else:
         scores = meta.numbers("tokenizer.ggml.scores", n, float)
         if merges is None and scores is None:
-            raise FormatError(source, "a 'llama' vocabulary needs tokenizer.ggml.scores or tokenizer.ggml.merges")
+            raise FormatError(
+                source, "a 'llama' vocabulary needs tokenizer.ggml.scores or tokenizer.ggml.merges"
+            )
         if scores is not None and any(math.isnan(s) for s in scores):
             raise FormatError(source, "tokenizer.ggml.scores holds NaN")
         architecture = meta.string("general.architecture") or ""
         add_space_prefix = meta.flag("tokenizer.ggml.add_space_prefix", True)
-        tokenizer, vocab_tokens = _sentencepiece(tokens, scores, merges, architecture, add_space_prefix, source)
-        if architecture in _GEMMA_ARCHS and "<mask>" in vocab_tokens:
+        tokenizer, vocab_tokens = _sentencepiece(
+            tokens, scores, merges, architecture, add_space_prefix, source
+        )
+        if architecture in _GEMMA_ARCHS and "<mask>" in vocab_tokens:  # GemmaTokenizer's mask token
             special.append("<mask>")
         add_bos_default = True
 
@@ -193,9 +209,9 @@ def tokenizer_from_gguf(metadata: Mapping[str, object], source: str = METADATA) 
 
     add_bos = meta.flag("tokenizer.ggml.add_bos_token", add_bos_default) and ids["bos"] is not None
     add_eos = meta.flag("tokenizer.ggml.add_eos_token", False) and ids["eos"] is not None
-    tokenizer.post_processor = _template(
-        tokens[ids["bos"]] if add_bos else None, ids["bos"], tokens[ids["eos"]] if add_eos else None, ids["eos"]
-    )
+    bos = tokens[ids["bos"]] if add_bos else None
+    eos = tokens[ids["eos"]] if add_eos else None
+    tokenizer.post_processor = _template(bos, ids["bos"], eos, ids["eos"])
 
     eos_ids: List[int] = []
     for name in ("eos", "eot", "eom"):
@@ -287,6 +303,7 @@ def _sentencepiece(
         BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None, unk_token=unk)
     )
     fused = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    strip = [decoders.Strip(" ", 1, 0)] if add_space_prefix else []  # the dummy prefix's space
     if gemma:
         tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
         tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous", invert=False)
@@ -295,12 +312,12 @@ def _sentencepiece(
         # Phi-3's tokenizer.json prefixes with a normalizer: after every special token too.
         prefix = [normalizers.Prepend("\u2581")] if add_space_prefix else []
         tokenizer.normalizer = normalizers.Sequence(prefix + [normalizers.Replace(" ", "\u2581")])
-        tokenizer.decoder = decoders.Sequence(fused + ([decoders.Strip(" ", 1, 0)] if add_space_prefix else []))
+        tokenizer.decoder = decoders.Sequence(fused + strip)
     else:
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
             replacement="\u2581", prepend_scheme="first" if add_space_prefix else "never", split=False
         )
-        tokenizer.decoder = decoders.Sequence(fused + ([decoders.Strip(" ", 1, 0)] if add_space_prefix else []))
+        tokenizer.decoder = decoders.Sequence(fused + strip)
     return tokenizer, vocab
 
 
@@ -308,7 +325,8 @@ def _check_merges(merges: List[Tuple[str, str]], vocab: Dict[str, int], source: 
     for i, (left, right) in enumerate(merges):
         for part in (left, right, left + right):
             if part not in vocab:
-                raise FormatError(source, f"tokenizer.ggml.merges[{i}] = '{left} {right}': {part!r} is not a token")
+                problem = f"tokenizer.ggml.merges[{i}] = '{left} {right}': {part!r} is not a token"
+                raise FormatError(source, problem)
 
 
 def _merges_from_vocab(vocab: Dict[str, int], priority: Dict[str, float]) -> List[Tuple[str, str]]:
@@ -358,13 +376,43 @@ def _add_special_tokens(
 
 
 def _template(bos: Optional[str], bos_id: Optional[int], eos: Optional[str], eos_id: Optional[int]):
-    """BOS/EOS around each sequence, as transformers' update_post_processor writes it."""
-    single = ([f"{bos}:0"] if bos else []) + ["$A:0"] + ([f"{eos}:0"] if eos else [])
-    pair = single + ([f"{bos}:1"] if bos else []) + ["$B:1"] + ([f"{eos}:1"] if eos else [])
-    specials = ([(bos, bos_id)] if bos else []) + ([(eos, eos_id)] if eos and eos != bos else [])
-    return processors.TemplateProcessing(single=" ".join(single), pair=" ".join(pair), special_tokens=specials)
+    """BOS/EOS around each sequence, as transformers' update_post_processor writes it.
+
+    Built from JSON: TemplateProcessing's string form cannot name a token holding ":" or starting with "$".
+    """
+
+    def special(token: str, type_id: int) -> dict:
+        return {"SpecialToken": {"id": token, "type_id": type_id}}
+
+    def sequence(type_id: int) -> list:
+        return (
+            ([special(bos, type_id)] if bos else [])
+            + [{"Sequence": {"id": "AB"[type_id], "type_id": type_id}}]
+            + ([special(eos, type_id)] if eos else [])
+        )
+
+    known = {t: {"id": t, "ids": [i], "tokens": [t]} for t, i in ((bos, bos_id), (eos, eos_id)) if t}
+    spec = {
+        "type": "TemplateProcessing",
+        "single": sequence(0),
+        "pair": sequence(0) + sequence(1),
+        "special_tokens": known,
+    }
+    holder = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": None,
+        "post_processor": spec,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": {}, "unk_token": "<unk>"},
+    }
+    return Tokenizer.from_str(json.dumps(holder)).post_processor
 
 
+@lru_cache(maxsize=1)
 def _bytes_to_unicode() -> Dict[int, str]:
     """GPT-2's byte → printable character table (a space is "Ġ", a newline "Ċ")."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
@@ -401,13 +449,13 @@ class _Metadata:
             raise self.fail(f"{key} should be a string, not {type(value).__name__}")
         return value
 
-    def strings(self, key: str) -> List[str]:
+    def strings(self, key: str, allow_empty: bool = False) -> List[str]:
         value = self.metadata.get(key)
         if value is None:
             raise self.fail(f"no {key}")
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
             raise self.fail(f"{key} should be an array of strings, not {type(value).__name__}")
-        if not value:
+        if not value and not allow_empty:
             raise self.fail(f"{key} is empty")
         out = list(value)
         for i, s in enumerate(out):
@@ -435,7 +483,7 @@ class _Metadata:
 
     def merges(self, key: str) -> List[Tuple[str, str]]:
         out = []
-        for i, merge in enumerate(self.strings(key)):
+        for i, merge in enumerate(self.strings(key, allow_empty=True)):
             # llama.cpp splits at the first space after the first character.
             cut = merge.find(" ", 1)
             if cut < 0 or cut == len(merge) - 1:
@@ -458,7 +506,7 @@ class _Metadata:
         value = self.metadata.get(key)
         if value is None:
             return default
-        if isinstance(value, (str, bytes, float)) or value not in (0, 1):  # True, False, 0, 1, numpy bools
+        if isinstance(value, (str, bytes, float)) or hasattr(value, "__len__") or value not in (0, 1):
             raise self.fail(f"{key} should be a boolean, not {value!r}")
         return bool(value)
 

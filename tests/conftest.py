@@ -79,7 +79,18 @@ def smollm2_gguf() -> str:
 
 
 @pytest.fixture(scope="session")
-def smollm2_folder(smollm2_gguf) -> str:
+def smollm2_hf_from_gguf(smollm2_gguf):
+    """transformers' own load of the GGUF, dequantized to float32 (~30 s): the GGUF oracle."""
+    import torch
+    import transformers
+
+    src, name = os.path.split(smollm2_gguf)
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder(smollm2_gguf, request) -> str:
     """SmolLM2-135M-Instruct as a bf16 Hugging Face folder, converted once from the GGUF."""
     target = os.path.join(cache_dir(), "smollm2-135m-instruct-bf16")
     if os.path.exists(os.path.join(target, "model.safetensors")):
@@ -88,15 +99,26 @@ def smollm2_folder(smollm2_gguf) -> str:
     import transformers
 
     src, name = os.path.split(smollm2_gguf)
-    model = transformers.AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
+    model = request.getfixturevalue("smollm2_hf_from_gguf")
     model.hf_quantizer.remove_quantization_config(model)
     tokenizer = transformers.AutoTokenizer.from_pretrained(src, gguf_file=name)
     tmp = tempfile.mkdtemp(dir=cache_dir())
-    model.to(torch.bfloat16).save_pretrained(tmp)
+    # a copy: the session's float32 oracle must stay float32
+    copy = transformers.AutoModelForCausalLM.from_config(model.config, dtype=torch.bfloat16)
+    copy.load_state_dict(model.state_dict())
+    copy.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp, save_jinja_files=False)
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     return target
+
+
+def perplexity(logits: np.ndarray, ids: list[int]) -> float:
+    """exp of the mean negative log-likelihood of ids[1:] under logits[:-1]."""
+    z = logits[:-1].astype(np.float64)
+    z -= z.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    return float(np.exp(-logp[np.arange(len(ids) - 1), ids[1:]].mean()))
 
 
 @pytest.fixture

@@ -1,0 +1,75 @@
+"""The real SmolLM2-135M-Instruct Q4_1 GGUF run from its quantized blocks, against transformers'
+load of the same file (dequantized to float32); and quantize-on-load of the bf16 folder."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import pyllm
+
+from conftest import english_text, perplexity
+
+pytestmark = pytest.mark.slow
+
+CHAT_PROMPT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+               "<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+               "<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def gguf_model(smollm2_gguf):
+    return pyllm.load(smollm2_gguf, threads=2)
+
+
+@pytest.fixture(scope="module")
+def text_ids(gguf_model):
+    return gguf_model.tokenize(english_text())[:256]
+
+
+def test_gguf_logits_agree_with_transformers(gguf_model, smollm2_hf_from_gguf, text_ids):
+    ours = gguf_model.logits(text_ids)
+    with torch.no_grad():
+        theirs = smollm2_hf_from_gguf(torch.tensor([text_ids])).logits[0].numpy()
+    agreement = float(np.mean(ours.argmax(-1) == theirs.argmax(-1)))
+    assert agreement >= 0.99, agreement
+    ppl_ours, ppl_theirs = perplexity(ours, text_ids), perplexity(theirs, text_ids)
+    assert abs(ppl_ours / ppl_theirs - 1) <= 0.005, (ppl_ours, ppl_theirs)
+
+
+def test_gguf_tokenizer_matches_transformers(gguf_model, smollm2_gguf):
+    import os
+
+    import transformers
+
+    src, name = os.path.split(smollm2_gguf)
+    hf = transformers.AutoTokenizer.from_pretrained(src, gguf_file=name)
+    text = english_text()[:2000] + " é 日本 🙂 <|im_start|>user\n"
+    assert gguf_model.tokenize(text) == hf(text)["input_ids"]
+
+
+def test_gguf_chat_prompt_is_answered_with_paris(gguf_model):
+    out = gguf_model.generate(CHAT_PROMPT, max_tokens=24)
+    assert "Paris" in out.text
+    assert out.finish_reason == "stop"
+
+
+def test_smollm2_alias_loads_the_cached_gguf(smollm2_gguf):
+    llm = pyllm.load("smollm2", threads=1)
+    assert llm.source == smollm2_gguf
+
+
+@pytest.mark.parametrize("dtype,tolerance", [("q8_0", 0.01), ("q4_0", 0.10)])
+def test_quantize_on_load_keeps_perplexity(smollm2_folder, dtype, tolerance):
+    bf16 = pyllm.load(smollm2_folder, threads=2)
+    ids = bf16.tokenize(english_text())[:256]
+    reference = perplexity(bf16.logits(ids), ids)
+    quantized = pyllm.load(smollm2_folder, threads=2, dtype=dtype)
+    assert quantized._core is not bf16._core
+    ppl = perplexity(quantized.logits(ids), ids)
+    assert ppl <= reference * (1 + tolerance), (dtype, ppl, reference)
+
+
+def test_unknown_dtype_raises_value_error(smollm2_folder):
+    with pytest.raises(ValueError, match="dtype"):
+        pyllm.load(smollm2_folder, dtype="q3_z")
