@@ -232,7 +232,7 @@ def _load_gguf(path: str, threads: int, dtype):
         family.apply_rope_freq_factors(spec, to_float32(gguf.tensors["rope_freqs.weight"]))
     names = (family.GGUF_GLOBAL_NAMES, family.GGUF_LAYER_NAMES)
     core = build_core(spec, names, gguf.tensors, path, gguf, threads, dtype=dtype)
-    info = tokenizer_from_gguf(meta)
+    info = tokenizer_from_gguf(meta, source=path)
     tokenizer = Tokenizer(hf=info.tokenizer, bos_id=info.bos_id, eos_id=info.eos_id,
                           chat_template=info.chat_template)
     tokenizer.bos_token = info.tokenizer.id_to_token(info.bos_id) if info.bos_id is not None else None
