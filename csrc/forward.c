@@ -127,7 +127,11 @@ int pl_forward(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tok
         int last = done + chunk == n;
         float *out = all_logits ? logits + (int64_t)done * m->vocab_size : (last ? logits : NULL);
         forward_args a = {m, s, pool, tokens + done, chunk, out, all_logits};
+        int blas_chunk = s->mm.sgemm && s->mm.per_thread_blas && chunk >= PL_BLAS_MIN_TOKENS;
+        int blas_threads = blas_chunk ? m->blas.get_threads() : 0;
+        if (blas_chunk) m->blas.set_threads(1);
         pl_pool_run(pool, forward_task, &a);
+        if (blas_chunk) m->blas.set_threads(blas_threads);
         s->pos += chunk;
         done += chunk;
     }

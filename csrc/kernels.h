@@ -63,9 +63,10 @@ typedef struct {
 typedef struct {
     void *xq;            /* activations in the weights' vec_dot_type: PL_MATMUL_MAX_OUTS regions */
     int64_t xq_region;   /* bytes of one region */
-    float *wtile;        /* dequantized weight tile for sgemm */
+    float *wtile;        /* dequantized weight tiles for sgemm: one of tile_floats per thread */
     int64_t tile_floats;
     pl_sgemm_fn sgemm;   /* NULL: the vec_dot kernels for every batch size */
+    int per_thread_blas; /* each thread calls a single-threaded sgemm on its own rows */
 } pl_matmul_scratch;
 
 #define PL_MATMUL_MAX_OUTS 3

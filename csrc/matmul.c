@@ -12,41 +12,72 @@ int64_t pl_matmul_xq_bytes(int type, int64_t cols, int n) {
     return (int64_t)n * pl_row_size(t->vec_dot_type, cols);
 }
 
-static void matmul_blas(const pl_matmul_out *o, const float *x, int n,
-                        const pl_matmul_scratch *sc, pl_pool *pool, int ith, int nth) {
+/* yᵀ (m, n) = W_rows (m, cols) · xᵀ (cols, n) in column-major terms, bias first if any. */
+static void sgemm_rows(const pl_matmul_out *o, const float *a, int64_t r0, int m, const float *x, int n,
+                       pl_sgemm_fn sgemm) {
+    float *y = o->y + r0, one = 1.0f, beta = o->bias ? 1.0f : 0.0f;
+    if (o->bias)
+        for (int tok = 0; tok < n; tok++)
+            for (int r = 0; r < m; r++) y[(int64_t)tok * o->ldy + r] = o->bias[r0 + r];
+    char tr = 'T', nt = 'N';
+    int nn = n, kk = (int)o->w->cols, lda = kk, ldb = kk, ldc = (int)o->ldy;
+    sgemm(&tr, &nt, &m, &nn, &kk, &one, (float *)a, &lda, (float *)x, &ldb, &beta, y, &ldc);
+}
+
+/* Each thread takes a slice of the weight rows and, tile by tile, widens them into its own buffer
+ * and multiplies: no thread waits for another until the matmul ends. */
+static void matmul_blas_per_thread(const pl_matmul_out *o, const float *x, int n,
+                                   const pl_matmul_scratch *sc, int ith, int nth) {
     const pl_tensor *w = o->w;
+    int64_t blocks = (w->rows + 15) / 16;
+    int64_t begin = blocks * ith / nth * 16, end = blocks * (ith + 1) / nth * 16;
+    if (end > w->rows) end = w->rows;
+    if (w->type == PL_TYPE_F32) {
+        if (end > begin) sgemm_rows(o, (const float *)w->data + begin * w->cols, begin, (int)(end - begin), x, n, sc->sgemm);
+        return;
+    }
     const pl_type_traits *t = pl_traits(w->type);
-    int cols = (int)w->cols, ldy = (int)o->ldy;
     int64_t wrow = pl_row_size(w->type, w->cols);
     int64_t tile_rows = sc->tile_floats / w->cols;
-    if (w->type == PL_TYPE_F32) tile_rows = w->rows; /* used where it lies */
+    float *tile = sc->wtile + (int64_t)ith * sc->tile_floats;
+    for (int64_t r0 = begin; r0 < end; r0 += tile_rows) {
+        int m = (int)(end - r0 < tile_rows ? end - r0 : tile_rows);
+        for (int r = 0; r < m; r++)
+            t->to_f32((const char *)w->data + (r0 + r) * wrow, tile + (int64_t)r * w->cols, w->cols);
+        sgemm_rows(o, tile, r0, m, x, n, sc->sgemm);
+    }
+}
+
+/* Without control of the BLAS's threads: all threads widen a tile, thread 0 multiplies it. */
+static void matmul_blas_shared(const pl_matmul_out *o, const float *x, int n,
+                               const pl_matmul_scratch *sc, pl_pool *pool, int ith, int nth) {
+    const pl_tensor *w = o->w;
+    if (w->type == PL_TYPE_F32) {
+        if (ith == 0) sgemm_rows(o, w->data, 0, (int)w->rows, x, n, sc->sgemm);
+        return;
+    }
+    const pl_type_traits *t = pl_traits(w->type);
+    int64_t wrow = pl_row_size(w->type, w->cols);
+    int64_t tile_rows = sc->tile_floats * nth / w->cols; /* the per-thread tiles, pooled */
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile_rows) {
         int m = (int)(w->rows - r0 < tile_rows ? w->rows - r0 : tile_rows);
-        float *a = (float *)w->data + r0 * w->cols;
-        if (w->type != PL_TYPE_F32) {
-            a = sc->wtile;
-            for (int64_t r = ith; r < m; r += nth)
-                t->to_f32((const char *)w->data + (r0 + r) * wrow, a + r * w->cols, w->cols);
-            pl_barrier(pool);
-        }
-        if (ith == 0) {
-            float *y = o->y + r0, one = 1.0f, beta = o->bias ? 1.0f : 0.0f;
-            if (o->bias)
-                for (int tok = 0; tok < n; tok++)
-                    for (int r = 0; r < m; r++) y[(int64_t)tok * ldy + r] = o->bias[r0 + r];
-            char tr = 'T', nt = 'N';
-            int nn = n, kk = cols, lda = cols, ldb = cols, ldc = ldy;
-            /* column-major: yᵀ (m, n) = W_tile (m, cols) · xᵀ (cols, n) */
-            sc->sgemm(&tr, &nt, &m, &nn, &kk, &one, a, &lda, (float *)x, &ldb, &beta, y, &ldc);
-        }
-        if (w->type != PL_TYPE_F32) pl_barrier(pool); /* the tile is reused */
+        for (int64_t r = ith; r < m; r += nth)
+            t->to_f32((const char *)w->data + (r0 + r) * wrow, sc->wtile + r * w->cols, w->cols);
+        pl_barrier(pool);
+        if (ith == 0) sgemm_rows(o, sc->wtile, r0, m, x, n, sc->sgemm);
+        pl_barrier(pool); /* the tile is reused */
     }
 }
 
 void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
                const pl_matmul_scratch *sc, pl_pool *pool, int ith, int nth) {
     if (sc->sgemm && batch >= PL_BLAS_MIN_TOKENS) {
-        for (int i = 0; i < n_outs; i++) matmul_blas(&outs[i], x, n, sc, pool, ith, nth);
+        for (int i = 0; i < n_outs; i++) {
+            if (sc->per_thread_blas)
+                matmul_blas_per_thread(&outs[i], x, n, sc, ith, nth);
+            else
+                matmul_blas_shared(&outs[i], x, n, sc, pool, ith, nth);
+        }
         return;
     }
     /* Activations converted once per distinct vec_dot_type of the group. */

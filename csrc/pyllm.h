@@ -104,6 +104,12 @@ void pl_barrier(pl_pool *pool);
 typedef void (*pl_sgemm_fn)(char *transa, char *transb, int *m, int *n, int *k, float *alpha,
                             float *a, int *lda, float *b, int *ldb, float *beta, float *c,
                             int *ldc);
+/* OpenBLAS's thread count: with it set to 1 for a prefill, each pool thread calls sgemm on its
+ * own rows; without these (NULL), thread 0 makes every call and the BLAS threads itself. */
+typedef struct {
+    void (*set_threads)(int n);
+    int (*get_threads)(void);
+} pl_blas_threads;
 
 /* ---------------------------------------------------------------- tensors */
 
@@ -151,6 +157,7 @@ typedef struct {
     pl_tensor lm_head;         /* (vocab_size, dim); may be tok_embd itself */
     pl_layer *layers;          /* (n_layers) */
     pl_sgemm_fn sgemm;         /* NULL: prefill uses the vec_dot kernels */
+    pl_blas_threads blas;      /* both NULL if the BLAS's threads cannot be controlled */
 } pl_model;
 
 /* Checks the model's shapes and types agree; 0 or a message for the caller to raise. */

@@ -114,10 +114,11 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
     s->mm.xq_region = (need.xq_region + 63) / 64 * 64;
     s->mm.xq = alloc_aligned((size_t)(PL_MATMUL_MAX_OUTS * s->mm.xq_region));
     s->mm.sgemm = m->sgemm;
+    s->mm.per_thread_blas = m->blas.set_threads && m->blas.get_threads;
     if (m->sgemm && need.any_converted) {
-        /* A few MB: big enough for sgemm to run at speed, small enough to stay in cache. */
-        s->mm.tile_floats = need.max_cols > (1 << 20) ? need.max_cols : (1 << 20);
-        s->mm.wtile = alloc_aligned((size_t)s->mm.tile_floats * f);
+        /* 1 MB per thread: a tile stays in cache between being widened and multiplied. */
+        s->mm.tile_floats = need.max_cols > (1 << 18) ? need.max_cols : (1 << 18);
+        s->mm.wtile = alloc_aligned((size_t)n_threads * (size_t)s->mm.tile_floats * f);
         if (!s->mm.wtile) goto fail;
     }
     if (!s->k_cache || !s->v_cache || !s->rope_cos || !s->rope_sin || !s->x || !s->xn || !s->q ||

@@ -41,6 +41,9 @@ cdef extern from "pyllm.h" nogil:
     ctypedef void (*pl_sgemm_fn)(char *transa, char *transb, int *m, int *n, int *k, float *alpha,
                                  float *a, int *lda, float *b, int *ldb, float *beta, float *c,
                                  int *ldc)
+    ctypedef struct pl_blas_threads:
+        void (*set_threads)(int n) noexcept nogil
+        int (*get_threads)() noexcept nogil
     ctypedef struct pl_tensor:
         int type
         int64_t rows
@@ -66,6 +69,7 @@ cdef extern from "pyllm.h" nogil:
         pl_tensor lm_head
         pl_layer *layers
         pl_sgemm_fn sgemm
+        pl_blas_threads blas
     const char *pl_model_check(const pl_model *m)
     int pl_convert_tensor(pl_pool *pool, const pl_tensor *src, int dst_type, void *dst)
 
@@ -91,6 +95,7 @@ cdef extern from "kernels.h" nogil:
         float *wtile
         int64_t tile_floats
         pl_sgemm_fn sgemm
+        int per_thread_blas
     void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
                    const pl_matmul_scratch *scratch, pl_pool *pool, int ith, int nth)
     int64_t pl_matmul_xq_bytes(int type, int64_t cols, int n)
@@ -193,9 +198,20 @@ cdef void _matmul_task(void *arg, int ith, int nth) noexcept nogil:
     pl_matmul(&job.out, 1, job.x, job.n, job.n, job.scratch, job.pool, ith, nth)
 
 
+cdef pl_blas_threads _blas_controls(tuple controls):
+    cdef pl_blas_threads b
+    b.set_threads = <void (*)(int) noexcept nogil><uintptr_t>controls[0]
+    b.get_threads = <int (*)() noexcept nogil><uintptr_t>controls[1]
+    if b.set_threads == NULL or b.get_threads == NULL:
+        b.set_threads = NULL
+        b.get_threads = NULL
+    return b
+
+
 def matmul(int wtype, const unsigned char[::1] w, int64_t rows, int64_t cols, const float[:, ::1] x,
-           int threads=1, bint blas=True, int64_t tile_floats=1 << 20):
-    """y (n, rows) = x (n, cols) · Wᵀ through the engine's matmul (for tests of both paths)."""
+           int threads=1, bint blas=True, int64_t tile_floats=1 << 18, tuple blas_controls=(0, 0)):
+    """y (n, rows) = x (n, cols) · Wᵀ through the engine's matmul (for tests of every path:
+    vec_dot, sgemm from thread 0, and per-thread sgemm when blas_controls are given)."""
     cdef const pl_type_traits *t = _traits(wtype)
     if t.vec_dot == NULL:
         raise ValueError(f"type {wtype} has no dot kernel")
@@ -217,10 +233,12 @@ def matmul(int wtype, const unsigned char[::1] w, int64_t rows, int64_t cols, co
     cdef unsigned char[::1] xqv = xq
     sc.xq = &xqv[0]
     sc.tile_floats = max(tile_floats, cols)
-    tile = np.empty(sc.tile_floats, dtype=np.float32)
+    tile = np.empty(sc.tile_floats * threads, dtype=np.float32)
     cdef float[::1] tv = tile
     sc.wtile = &tv[0]
     sc.sgemm = <pl_sgemm_fn>scipy_sgemm if blas else NULL
+    cdef pl_blas_threads bt = _blas_controls(blas_controls)
+    sc.per_thread_blas = bt.set_threads != NULL
     cdef _matmul_job job
     job.out.w = &wt
     job.out.y = &yv[0, 0]
@@ -233,8 +251,14 @@ def matmul(int wtype, const unsigned char[::1] w, int64_t rows, int64_t cols, co
     if pool == NULL:
         raise MemoryError("could not start threads")
     job.pool = pool
+    cdef int saved = 0
     with nogil:
+        if sc.per_thread_blas:
+            saved = bt.get_threads()
+            bt.set_threads(1)
         pl_pool_run(pool, _matmul_task, &job)
+        if sc.per_thread_blas:
+            bt.set_threads(saved)
     pl_pool_free(pool)
     return y
 
@@ -293,7 +317,7 @@ cdef class CoreModel:
     cdef readonly int n_threads
 
     def __cinit__(self, dict hparams, dict tensors, dict vectors, list sliding_windows, object keep,
-                  int threads, bint use_blas=True):
+                  int threads, bint use_blas=True, tuple blas_controls=(0, 0)):
         self.keep = (keep, vectors)
         for name, arr in vectors.items():
             if arr is not None and (arr.dtype != np.float32 or not arr.flags.c_contiguous):
@@ -343,6 +367,7 @@ cdef class CoreModel:
             L.w_down = _tensor(tensors[p + "w_down"])
             L.sliding_window = sliding_windows[i] or 0
         m.sgemm = <pl_sgemm_fn>scipy_sgemm if use_blas else NULL
+        m.blas = _blas_controls(blas_controls)
         cdef const char *err = pl_model_check(m)
         if err != NULL:
             raise ValueError(err.decode())

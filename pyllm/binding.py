@@ -11,6 +11,7 @@ import numpy as np
 
 from . import _core
 from .arch.spec import ModelSpec
+from .blas import openblas_thread_controls
 from .dtypes import WeightType
 from .errors import FormatError, UnsupportedModelError
 from .formats.mapped import TensorInfo
@@ -147,4 +148,4 @@ def build_core(
         "rope_interleaved": int(spec.rope_interleaved),
     }
     return _core.CoreModel(hparams, mats, vecs, list(spec.sliding_windows), (keep, b.owned), threads,
-                           use_blas)
+                           use_blas, openblas_thread_controls())

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pyllm import _core
+from pyllm.blas import openblas_thread_controls
 from pyllm.dtypes import WeightType
 
 F32, F16, BF16 = int(WeightType.F32), int(WeightType.F16), int(WeightType.BF16)
@@ -69,8 +70,8 @@ def test_vec_dot_matches_float64(isa, wtype, n, rng):
 
 @pytest.mark.parametrize("wtype", [F32, F16, BF16])
 @pytest.mark.parametrize("n_tokens", [1, 3, 15, 16, 40])
-@pytest.mark.parametrize("blas", [True, False])
-def test_matmul_paths_match_numpy(isa, wtype, n_tokens, blas, rng):
+@pytest.mark.parametrize("path", ["vec_dot", "sgemm_thread0", "sgemm_per_thread"])
+def test_matmul_paths_match_numpy(isa, wtype, n_tokens, path, rng):
     rows, cols = 70, 96
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     wb = {F32: w.view(np.uint8), F16: w.astype(np.float16).view(np.uint8), BF16: _bf16_bytes(w)}[wtype]
@@ -78,9 +79,18 @@ def test_matmul_paths_match_numpy(isa, wtype, n_tokens, blas, rng):
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
     for threads in (1, 2, 3):
         # a small tile forces several sgemm tiles per matrix
-        y = _core.matmul(wtype, wb.reshape(-1), rows, cols, x, threads=threads, blas=blas,
-                         tile_floats=cols * 9)
+        controls = openblas_thread_controls() if path == "sgemm_per_thread" else (0, 0)
+        y = _core.matmul(wtype, wb.reshape(-1), rows, cols, x, threads=threads,
+                         blas=path != "vec_dot", tile_floats=cols * 9, blas_controls=controls)
         np.testing.assert_allclose(y, x @ wf.T, rtol=1e-4, atol=1e-4)
+
+
+def test_scipy_openblas_thread_control_is_found():
+    """Without it prefill falls back to one sgemm caller; SciPy's wheels on Linux ship OpenBLAS."""
+    import sys
+
+    if sys.platform.startswith("linux"):
+        assert all(openblas_thread_controls())
 
 
 def test_best_isa_is_installed_at_import():
