@@ -19,7 +19,8 @@ static void convert_task(void *raw, int ith, int nth) {
     float *row = a->scratch + (int64_t)ith * w->cols;
     for (int64_t r = w->rows * ith / nth; r < w->rows * (ith + 1) / nth; r++) {
         from->to_f32((const char *)w->data + r * src_row, row, w->cols);
-        to->from_f32(row, (char *)a->dst + r * dst_row, w->cols);
+        pl_from_f32_fn encode = to->quantize_weights ? to->quantize_weights : to->from_f32;
+        encode(row, (char *)a->dst + r * dst_row, w->cols);
     }
 }
 

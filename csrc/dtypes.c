@@ -129,10 +129,10 @@ pl_vec_kernels pl_vec = {pl_dot_f32_scalar, pl_axpy_f32_scalar};
 
 /* Installs the scalar float kernels, then lets the chosen ISA's file replace what it speeds up. */
 void pl_install_type_kernels(int isa) {
-    traits[PL_TYPE_F32] = (pl_type_traits){"f32", 1, 4, PL_TYPE_F32, f32_to_f32, f32_from_f32, dot_f32};
-    traits[PL_TYPE_F16] = (pl_type_traits){"f16", 1, 2, PL_TYPE_F32, f16_to_f32, f16_from_f32, dot_f16};
+    traits[PL_TYPE_F32] = (pl_type_traits){"f32", 1, 4, PL_TYPE_F32, f32_to_f32, f32_from_f32, dot_f32, NULL};
+    traits[PL_TYPE_F16] = (pl_type_traits){"f16", 1, 2, PL_TYPE_F32, f16_to_f32, f16_from_f32, dot_f16, NULL};
     traits[PL_TYPE_BF16] =
-        (pl_type_traits){"bf16", 1, 2, PL_TYPE_F32, bf16_to_f32, bf16_from_f32, dot_bf16};
+        (pl_type_traits){"bf16", 1, 2, PL_TYPE_F32, bf16_to_f32, bf16_from_f32, dot_bf16, NULL};
     pl_vec.dot_f32 = pl_dot_f32_scalar;
     pl_vec.axpy_f32 = pl_axpy_f32_scalar;
     if (isa == PL_ISA_AVX2) pl_install_simd_avx2();

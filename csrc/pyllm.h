@@ -48,6 +48,7 @@ typedef struct {
     pl_to_f32_fn to_f32;    /* dequantize / widen n elements */
     pl_from_f32_fn from_f32; /* quantize / narrow n elements (activations, quantize-on-load) */
     pl_vec_dot_fn vec_dot;  /* NULL where the type is only ever an activation format */
+    pl_from_f32_fn quantize_weights; /* a slower, lower-error encoder for weights at load; or NULL */
 } pl_type_traits;
 
 /* NULL for a type pyllm does not know. */

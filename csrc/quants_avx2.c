@@ -1,9 +1,11 @@
 /* quants_avx2.c — quantized dot products and activation quantizers for x86-64 with AVX2 (+FMA, F16C).
  *
  * Products are integer within a block: maddubs (u8 × s8 → pairs of i16) then madd (→ i32), so a
- * block's sum is exact and only the per-block scaling is float, as in quants.c. Activations come
- * from pl_quantize_q8_*: their quants lie in [−127, 127], which the sign trick below relies on.
- * The quantizers reproduce the scalar references bit for bit.
+ * block's sum is exact and only the per-block scaling is float, as in quants.c. Blocks of 32 go
+ * eight at a time: their eight lane vectors are reduced to one vector of eight sums, converted and
+ * scaled once, which roughly halves the work per block against one fmadd a block (ggml's way).
+ * Activations come from pl_quantize_q8_*: their quants lie in [−127, 127], which the sign trick
+ * below relies on. The quantizers reproduce the scalar references bit for bit.
  */
 #include <string.h>
 
@@ -26,12 +28,16 @@ PL_TARGET_AVX2 static inline float hmax_ps(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-PL_TARGET_AVX2 static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+/* An f16 field as f32. The 8-byte load lets the conversion take its operand from memory (no
+ * shuffle-port µop); every field read this way has at least 8 bytes of its block from it on. */
+PL_TARGET_AVX2 static inline float f16(const uint16_t *p) {
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p)));
+}
 
 /* 16 bytes of nibbles → 32 bytes: the low nibbles (elements 0..15), then the high ones. */
 PL_TARGET_AVX2 static inline __m256i unpack_nibbles(const uint8_t *qs) {
-    __m128i t = _mm_loadu_si128((const __m128i *)qs);
-    __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    b = _mm256_blend_epi32(b, _mm256_srli_epi16(b, 4), 0xF0);
     return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
 }
 
@@ -58,41 +64,71 @@ PL_TARGET_AVX2 static inline __m256i dot_s8s8(__m256i x, __m256i y) {
 
 /* ================================================================ blocks of 32 */
 
-/* Two blocks an iteration into two accumulators; SUM(i) yields block i's i32 lanes and SCALE(i)
- * its float scale. */
-#define BLOCK32_LOOP(SUM, SCALE)                                                       \
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                    \
-    int64_t nb = n / QK, i = 0;                                                       \
-    for (; i + 2 <= nb; i += 2) {                                                     \
-        __m256i s0 = SUM(i), s1 = SUM(i + 1);                                          \
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(i)), _mm256_cvtepi32_ps(s0), acc0); \
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(i + 1)), _mm256_cvtepi32_ps(s1), acc1); \
-    }                                                                                 \
-    for (; i < nb; i++)                                                               \
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(i)), _mm256_cvtepi32_ps(SUM(i)), acc0);
+/* Eight blocks' i32 lanes (hadd-ed in pairs: h0 = hadd(s0, s1), …) → one vector of their 8 sums. */
+PL_TARGET_AVX2 static inline __m256i sums_of_8(__m256i h0, __m256i h1, __m256i h2, __m256i h3) {
+    __m256i a = _mm256_hadd_epi32(h0, h1), b = _mm256_hadd_epi32(h2, h3);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* Eight f16 (f32) fields, one a block, as a vector. */
+PL_TARGET_AVX2 static inline __m256 f16_fields(const void *first, size_t stride) {
+    uint16_t h[8];
+    for (int k = 0; k < 8; k++) memcpy(&h[k], (const char *)first + k * stride, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+PL_TARGET_AVX2 static inline __m256 f32_fields(const void *first, size_t stride) {
+    float f[8];
+    for (int k = 0; k < 8; k++) memcpy(&f[k], (const char *)first + k * stride, 4);
+    return _mm256_loadu_ps(f);
+}
+
+/* Blocks eight at a time: their integer sums reduced to one vector, scaled by one vector of the
+ * eight scales (SCALES8(i)), so the float work is shared; the rest one by one. SUM(i) yields block
+ * i's i32 lanes, SCALE(i) its scale. Leaves the total in sum. */
+#define BLOCK32_LOOP(SUM, SCALE, SCALES8)                                                       \
+    __m256 acc = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                              \
+    int64_t nb = n / QK, i = 0;                                                                \
+    for (; i + 8 <= nb; i += 8) {                                                              \
+        __m256i h0 = _mm256_hadd_epi32(SUM(i), SUM(i + 1));                                    \
+        __m256i h1 = _mm256_hadd_epi32(SUM(i + 2), SUM(i + 3));                                \
+        __m256i h2 = _mm256_hadd_epi32(SUM(i + 4), SUM(i + 5));                                \
+        __m256i h3 = _mm256_hadd_epi32(SUM(i + 6), SUM(i + 7));                                \
+        acc = _mm256_fmadd_ps(SCALES8(i), _mm256_cvtepi32_ps(sums_of_8(h0, h1, h2, h3)), acc); \
+    }                                                                                          \
+    for (; i < nb; i++)                                                                        \
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(i)), _mm256_cvtepi32_ps(SUM(i)), acc1);    \
+    float sum = hsum_ps(_mm256_add_ps(acc, acc1));
 
 #define LOAD_Y(i) _mm256_loadu_si256((const __m256i *)x[i].qs)
+/* Weights with an f16 d against q8_0 (f16 d) or q8_1 (f32 d) activations. */
+#define SCALE_Q8_0(i) (f16(&w[i].d) * f16(&x[i].d))
+#define SCALES8_Q8_0(i) _mm256_mul_ps(f16_fields(&w[i].d, sizeof *w), f16_fields(&x[i].d, sizeof *x))
+#define SCALE_Q8_1(i) (f16(&w[i].d) * x[i].d)
+#define SCALES8_Q8_1(i) _mm256_mul_ps(f16_fields(&w[i].d, sizeof *w), f32_fields(&x[i].d, sizeof *x))
+
+/* Σ (q − 8)·y as Σ q·y − Σ 8·y, both through maddubs (|pair sums| ≤ 3810 and 2032). */
+PL_TARGET_AVX2 static inline __m256i dot_q4_0(__m256i q, __m256i y) {
+    __m256i d = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(_mm256_set1_epi8(8), y));
+    return _mm256_madd_epi16(d, _mm256_set1_epi16(1));
+}
 
 PL_TARGET_AVX2 static float vec_dot_q4_0_q8_0_avx2(const void *vw, const void *vx, int64_t n) {
     const pl_block_q4_0 *w = vw;
     const pl_block_q8_0 *x = vx;
-#define SUM(i) dot_s8s8(_mm256_sub_epi8(unpack_nibbles(w[i].qs), _mm256_set1_epi8(8)), LOAD_Y(i))
-#define SCALE(i) (f16(w[i].d) * f16(x[i].d))
-    BLOCK32_LOOP(SUM, SCALE)
+#define SUM(i) dot_q4_0(unpack_nibbles(w[i].qs), LOAD_Y(i))
+    BLOCK32_LOOP(SUM, SCALE_Q8_0, SCALES8_Q8_0)
 #undef SUM
-#undef SCALE
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
+    return sum;
 }
 
 PL_TARGET_AVX2 static float vec_dot_q8_0_q8_0_avx2(const void *vw, const void *vx, int64_t n) {
     const pl_block_q8_0 *w = vw;
     const pl_block_q8_0 *x = vx;
 #define SUM(i) dot_s8s8(_mm256_loadu_si256((const __m256i *)w[i].qs), LOAD_Y(i))
-#define SCALE(i) (f16(w[i].d) * f16(x[i].d))
-    BLOCK32_LOOP(SUM, SCALE)
+    BLOCK32_LOOP(SUM, SCALE_Q8_0, SCALES8_Q8_0)
 #undef SUM
-#undef SCALE
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
+    return sum;
 }
 
 /* q5_0: where bit 4 is clear, OR-ing 0xF0 onto the nibble makes the byte nibble − 16 (as i8). */
@@ -105,25 +141,29 @@ PL_TARGET_AVX2 static float vec_dot_q5_0_q8_0_avx2(const void *vw, const void *v
     const pl_block_q5_0 *w = vw;
     const pl_block_q8_0 *x = vx;
 #define SUM(i) dot_s8s8(q5_0_signed(&w[i]), LOAD_Y(i))
-#define SCALE(i) (f16(w[i].d) * f16(x[i].d))
-    BLOCK32_LOOP(SUM, SCALE)
+    BLOCK32_LOOP(SUM, SCALE_Q8_0, SCALES8_Q8_0)
 #undef SUM
-#undef SCALE
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
+    return sum;
 }
 
 /* q4_1, q5_1: Σ (d·q + m)·dy·qy = d·dy·Σ q·qy + m·s, s = dy·Σ qy kept in the activation block. */
+#define MIN_TERMS(w, x)                                                                         \
+    __m256 accm = _mm256_setzero_ps();                                                          \
+    float summ = 0.0f;                                                                          \
+    int64_t j = 0;                                                                              \
+    for (; j + 8 <= n / QK; j += 8)                                                             \
+        accm = _mm256_fmadd_ps(f16_fields(&w[j].m, sizeof *w), f32_fields(&x[j].s, sizeof *x), accm); \
+    for (; j < n / QK; j++) summ += f16(&w[j].m) * x[j].s;                                      \
+    summ += hsum_ps(accm);
+
 PL_TARGET_AVX2 static float vec_dot_q4_1_q8_1_avx2(const void *vw, const void *vx, int64_t n) {
     const pl_block_q4_1 *w = vw;
     const pl_block_q8_1 *x = vx;
-    float summ = 0.0f;
-    for (int64_t j = 0; j < n / QK; j++) summ += f16(w[j].m) * x[j].s;
+    MIN_TERMS(w, x)
 #define SUM(i) dot_u8s8(unpack_nibbles(w[i].qs), LOAD_Y(i))
-#define SCALE(i) (f16(w[i].d) * x[i].d)
-    BLOCK32_LOOP(SUM, SCALE)
+    BLOCK32_LOOP(SUM, SCALE_Q8_1, SCALES8_Q8_1)
 #undef SUM
-#undef SCALE
-    return hsum_ps(_mm256_add_ps(acc0, acc1)) + summ;
+    return sum + summ;
 }
 
 PL_TARGET_AVX2 static inline __m256i q5_1_unsigned(const pl_block_q5_1 *b) {
@@ -134,14 +174,11 @@ PL_TARGET_AVX2 static inline __m256i q5_1_unsigned(const pl_block_q5_1 *b) {
 PL_TARGET_AVX2 static float vec_dot_q5_1_q8_1_avx2(const void *vw, const void *vx, int64_t n) {
     const pl_block_q5_1 *w = vw;
     const pl_block_q8_1 *x = vx;
-    float summ = 0.0f;
-    for (int64_t j = 0; j < n / QK; j++) summ += f16(w[j].m) * x[j].s;
+    MIN_TERMS(w, x)
 #define SUM(i) dot_u8s8(q5_1_unsigned(&w[i]), LOAD_Y(i))
-#define SCALE(i) (f16(w[i].d) * x[i].d)
-    BLOCK32_LOOP(SUM, SCALE)
+    BLOCK32_LOOP(SUM, SCALE_Q8_1, SCALES8_Q8_1)
 #undef SUM
-#undef SCALE
-    return hsum_ps(_mm256_add_ps(acc0, acc1)) + summ;
+    return sum + summ;
 }
 
 #undef LOAD_Y
@@ -192,7 +229,7 @@ PL_TARGET_AVX2 static float vec_dot_q4_K_q8_K_avx2(const void *vw, const void *v
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        float d = x[i].d * f16(w[i].d), dmin = x[i].d * f16(w[i].dmin);
+        float d = x[i].d * f16(&w[i].d), dmin = x[i].d * f16(&w[i].dmin);
         __m128i sm = unpack_scales_k4(w[i].scales);
         accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_dot(sm, &x[i])), accm);
         __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)); /* 8 scales as i16, twice */
@@ -225,7 +262,7 @@ PL_TARGET_AVX2 static float vec_dot_q5_K_q8_K_avx2(const void *vw, const void *v
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        float d = x[i].d * f16(w[i].d), dmin = x[i].d * f16(w[i].dmin);
+        float d = x[i].d * f16(&w[i].d), dmin = x[i].d * f16(&w[i].dmin);
         __m128i sm = unpack_scales_k4(w[i].scales);
         accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_dot(sm, &x[i])), accm);
         __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
@@ -265,7 +302,7 @@ PL_TARGET_AVX2 static float vec_dot_q6_K_q8_K_avx2(const void *vw, const void *v
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        float d = x[i].d * f16(w[i].d);
+        float d = x[i].d * _cvtsh_ss(w[i].d); /* d ends the block: no 8-byte read */
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].scales));
         __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x[i].bsums));
         __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
