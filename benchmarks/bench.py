@@ -1,0 +1,536 @@
+"""Times pyllm beside transformers and llama-cpp-python on one model, one thread count, in one run.
+
+    python benchmarks/bench.py                                  # pyllm + transformers f32/bf16
+    python benchmarks/bench.py --gguf ~/.cache/pyllm/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --threads 2 --out benchmarks/RESULTS.md                 # + llama.cpp and pyllm on the GGUF
+
+Every engine runs in its own subprocess (started again for every repeat), so its peak RSS is its own
+and no engine inherits another's threads, allocator state or warm caches. The parent only tokenizes the
+prompt, starts the children, gathers their JSON and prints a markdown table. See benchmarks/README.md
+for what each number means.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # time the pyllm of this checkout, not an installed one
+
+DEFAULT_MODEL = os.path.expanduser("~/.cache/pyllm/smollm2-135m-instruct-bf16")
+ENGINES = ("pyllm", "transformers-f32", "transformers-bf16", "llama.cpp")
+PROMPT_FILE = "/usr/share/common-licenses/GPL-3"  # real English, long enough, on every Debian/Ubuntu
+PREFILL_LENGTHS = (128, 512)
+DECODE_PROMPT = 128  # decode starts after a prompt of this many tokens
+N_CTX = 2048  # every engine gets the same context size, so cache allocation is comparable
+CHECK_TOKENS = 16  # greedy tokens compared across engines to show each one ran the same model
+RESULT_MARK = "BENCH_RESULT "  # the child's one stdout line the parent reads
+
+
+# ----------------------------------------------------------------------------------------------
+# Engines, as seen from inside a child: load, prefill (returns the greedy next token), step.
+# Each computes logits for the last position only, so prefill compares the same work.
+# ----------------------------------------------------------------------------------------------
+
+class PyllmEngine:
+    def __init__(self, source: str, threads: int, dtype: str | None):
+        import numpy as np
+
+        import pyllm
+
+        self.np = np
+        kwargs = {"threads": threads, "n_ctx": N_CTX}
+        if dtype:  # only when asked: older pyllm builds have no dtype argument
+            kwargs["dtype"] = dtype
+        self.llm = pyllm.load(source, **kwargs)
+
+    def prefill(self, ids: list[int]) -> int:
+        self.llm.reset()  # _prefill reuses a cached prefix; a timing must start from an empty cache
+        return int(self.np.argmax(self.llm._prefill(ids)))
+
+    def step(self, token: int) -> int:
+        return int(self.np.argmax(self.llm._step(token)))
+
+
+class TransformersEngine:
+    def __init__(self, folder: str, threads: int, dtype: str):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype).eval()
+        self.past = None
+
+    def _forward(self, ids: list[int], past) -> int:
+        with self.torch.inference_mode():
+            # logits_to_keep=1: the lm_head runs on the last position only, as in the other engines
+            out = self.model(input_ids=self.torch.tensor([ids]), past_key_values=past, use_cache=True,
+                             logits_to_keep=1)
+        self.past = out.past_key_values
+        return int(out.logits[0, -1].argmax())
+
+    def prefill(self, ids: list[int]) -> int:
+        return self._forward(ids, None)  # no past: a fresh cache every time
+
+    def step(self, token: int) -> int:
+        # One forward per token with the cache, not model.generate: the timing is the model only,
+        # without generate's logits processors, stopping criteria and bookkeeping.
+        return self._forward([token], self.past)
+
+
+class LlamaCppEngine:
+    def __init__(self, path: str, threads: int):
+        import llama_cpp
+        import numpy as np
+
+        self.np = np
+        self.llama_cpp = llama_cpp
+        self.llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_threads_batch=threads,
+                                   n_ctx=N_CTX, n_batch=512, verbose=False)
+        self.n_vocab = self.llm.n_vocab()
+        # Which SIMD paths and thread runtime (OpenMP or not) this llama.cpp build has: a wheel
+        # built without the CPU's features would make the comparison unfair, so the table says.
+        self.build = llama_cpp.llama_print_system_info().decode().strip(" |")
+
+    def _last_logits(self) -> int:
+        # Llama.eval no longer copies logits into llm.scores unless logits_all=True (which would make
+        # every prefill position compute logits), so read the last row straight from the context.
+        ptr = self.llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
+        return int(self.np.argmax(self.np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))))
+
+    def prefill(self, ids: list[int]) -> int:
+        self.llm.reset()  # n_tokens = 0, so eval drops the whole KV cache and decodes every id
+        self.llm.eval(ids)  # llama_decode in n_batch chunks: a real forward, every call
+        return self._last_logits()
+
+    def step(self, token: int) -> int:
+        self.llm.eval([token])
+        return self._last_logits()
+
+
+def open_engine(spec: dict):
+    kind, source, threads = spec["engine"], spec["source"], spec["threads"]
+    if kind == "pyllm":
+        return PyllmEngine(source, threads, spec.get("dtype"))
+    if kind.startswith("transformers-"):
+        return TransformersEngine(source, threads, kind.split("-", 1)[1])
+    if kind == "llama.cpp":
+        return LlamaCppEngine(source, threads)
+    raise ValueError(f"unknown engine {kind!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# What a child times. One child = one engine, one repeat.
+# ----------------------------------------------------------------------------------------------
+
+def time_load(spec: dict):
+    """Seconds from the constructor call to the end of a first one-token forward.
+
+    The first forward is included because mmap-based engines (pyllm, llama.cpp) defer reading the
+    weights to it, while transformers reads them in from_pretrained; a one-token step touches every
+    weight matrix, so this is "time until the model can answer" for all of them alike.
+    """
+    start = time.perf_counter()
+    engine = open_engine(spec)
+    engine.prefill(spec["ids"][:1])
+    return engine, time.perf_counter() - start
+
+
+def time_prefill(engine, ids: list[int]) -> float:
+    """Prompt tokens per second for one prefill of ids from an empty cache."""
+    start = time.perf_counter()
+    engine.prefill(ids)
+    return len(ids) / (time.perf_counter() - start)
+
+
+def time_decode(engine, prompt: list[int], n_tokens: int) -> tuple[float, list[int]]:
+    """Greedy tokens per second over n_tokens steps after prompt; the first step is not timed.
+
+    The first step after a prefill can pay one-off costs (buffers sized for one row, first use of
+    the single-row kernels), so it runs untimed as a warm-up; then n_tokens steps are timed. EOS is
+    ignored: every engine decodes the same number of tokens.
+    """
+    token = engine.prefill(prompt)
+    produced = [token]
+    token = engine.step(token)  # warm-up step
+    produced.append(token)
+    start = time.perf_counter()
+    for _ in range(n_tokens):
+        token = engine.step(token)
+        produced.append(token)
+    return n_tokens / (time.perf_counter() - start), produced
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set of this process: VmHWM, which exec resets (ru_maxrss may carry the
+    parent's peak across fork+exec). Mapped weight files count once their pages are touched."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB elsewhere
+
+
+def run_child(spec: dict) -> dict:
+    ids = spec["ids"]
+    try:
+        engine, load_s = time_load(spec)
+    except ImportError as e:
+        return {"error": f"not installed ({e})"}
+    except Exception as e:  # an engine that cannot read this file: reported, not fatal
+        return {"error": f"unsupported: {type(e).__name__}: {e}".splitlines()[0][:200]}
+    # Untimed warm-up prefill at the longest length: the first long prefill allocates scratch
+    # buffers and the KV cache, and torch picks its kernels; the timed runs then see steady state.
+    engine.prefill(ids[:max(PREFILL_LENGTHS)])
+    result = {"load_s": load_s}
+    if hasattr(engine, "build"):
+        result["build"] = engine.build
+    for n in PREFILL_LENGTHS:
+        result[f"prefill{n}"] = time_prefill(engine, ids[:n])
+    result["decode"], result["tokens"] = time_decode(engine, ids[:DECODE_PROMPT], spec["decode_tokens"])
+    result["rss_mb"] = peak_rss_mb()
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# The parent: prompt, runs, table.
+# ----------------------------------------------------------------------------------------------
+
+def prompt_ids(folder: str, n: int) -> list[int]:
+    """The first n token ids of real English text, from the model folder's tokenizer.json.
+
+    Every engine gets these ids, never text, so no engine's tokenizer is part of the timing and all
+    run exactly the same sequence.
+    """
+    from pyllm.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_folder(folder)
+    paths = [PROMPT_FILE, os.path.join(REPO, "README.md")]
+    texts = []
+    for path in paths:
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                texts.append(f.read())
+    text = "\n\n".join(texts)
+    ids = tokenizer.encode(text)
+    while len(ids) < n:  # only if neither file is long enough
+        ids = ids + tokenizer.encode(text, add_special=False)
+    return ids[:n]
+
+
+def check_gguf_vocab(gguf: str, folder: str, ids: list[int]) -> str | None:
+    """A warning when the GGUF's vocabulary does not name the prompt ids as tokenizer.json does:
+    then the two files are not the same model and their rows must not be compared."""
+    try:
+        from pyllm.formats.gguf import GGUFFile
+        from pyllm.tokenizer import Tokenizer
+
+        tokens = GGUFFile(gguf).get("tokenizer.ggml.tokens") or []
+        hf = Tokenizer.from_folder(folder).hf
+    except Exception as e:
+        return f"could not compare the GGUF vocabulary with {folder}: {e}"
+    bad = [i for i in set(ids) if i >= len(tokens) or tokens[i] != hf.id_to_token(i)]
+    if bad:
+        return f"the GGUF vocabulary differs from {folder}/tokenizer.json on {len(bad)} prompt ids"
+    return None
+
+
+def weights_label(source: str) -> str:
+    """The stored weight type(s) of a folder's safetensors or of a GGUF, most common first."""
+    counts: collections.Counter = collections.Counter()
+    try:
+        if os.path.isdir(source):
+            for name in sorted(os.listdir(source)):
+                if name.endswith(".safetensors"):
+                    with open(os.path.join(source, name), "rb") as f:
+                        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+                    counts.update(v["dtype"] for k, v in header.items() if k != "__metadata__")
+        else:
+            from pyllm.formats.gguf import GGUFFile
+
+            counts.update(t.wtype.name for t in GGUFFile(source).tensors.values()
+                          if len(t.shape) >= 2)  # matrices: the 1-D norms are f32 everywhere
+    except Exception:
+        return "?"
+    return " + ".join(name.lower() for name, _ in counts.most_common()) or "?"
+
+
+def warm_page_cache(paths) -> None:
+    """Reads the model files once so every engine's load time is parsing, not the disk."""
+    for path in paths:
+        files = [os.path.join(path, n) for n in os.listdir(path)] if os.path.isdir(path) else [path]
+        for name in files:
+            with open(name, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+
+
+def spawn(spec: dict, threads: int) -> dict:
+    """Runs one child; its JSON result, or an error string from its exit."""
+    env = dict(os.environ)
+    # Thread pools that read the environment (OpenMP in torch, BLAS) get the same count.
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               OPENBLAS_NUM_THREADS=str(threads),
+               PYTHONPATH=os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"],
+                          input=json.dumps(spec), capture_output=True, text=True, env=env, check=False)
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_MARK):
+            return json.loads(line[len(RESULT_MARK):])
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": f"crashed (exit {proc.returncode}): {tail[:200]}"}
+
+
+def plan_runs(args) -> list[dict]:
+    """One row per (engine, model file). pyllm runs on the folder and, with --gguf, on the GGUF."""
+    runs = []
+    for engine in args.engines:
+        if engine == "pyllm":
+            runs.append({"row": "pyllm", "engine": engine, "source": args.model, "dtype": args.pyllm_dtype})
+            if args.gguf:
+                runs.append({"row": "pyllm (gguf)", "engine": engine, "source": args.gguf,
+                             "dtype": args.pyllm_dtype})
+        elif engine.startswith("transformers-"):
+            runs.append({"row": engine, "engine": engine, "source": args.model})
+        elif engine == "llama.cpp":
+            run = {"row": "llama.cpp", "engine": engine, "source": args.gguf or "-"}
+            if not args.gguf:
+                run["skip"] = "needs --gguf"
+            elif importlib.util.find_spec("llama_cpp") is None:
+                run["skip"] = "not installed"
+            runs.append(run)
+    return runs
+
+
+def combine(results: list[dict], how: str) -> dict:
+    """Repeats -> one figure per metric: best (or median) time/throughput, highest peak RSS."""
+    ok = [r for r in results if "error" not in r]
+    if not ok:
+        return {"error": results[-1]["error"] if results else "no run"}
+    pick_max = max if how == "best" else statistics.median
+    pick_min = min if how == "best" else statistics.median
+    out = {"load_s": pick_min(r["load_s"] for r in ok), "rss_mb": max(r["rss_mb"] for r in ok),
+           "decode": pick_max(r["decode"] for r in ok), "tokens": ok[0]["tokens"]}
+    if "build" in ok[0]:
+        out["build"] = ok[0]["build"]
+    for n in PREFILL_LENGTHS:
+        out[f"prefill{n}"] = pick_max(r[f"prefill{n}"] for r in ok)
+    if len(ok) < len(results):
+        out["note"] = f"{len(results) - len(ok)} of {len(results)} repeats failed"
+    return out
+
+
+def version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def git_commit() -> str:
+    def git(*a):
+        return subprocess.run(["git", "-C", REPO, *a], capture_output=True, text=True, check=False).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return "unknown (not a git checkout)"
+    # Only tracked files: an untracked test or note does not change what was timed.
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return f"{commit}{' (dirty tree: uncommitted changes)' if dirty else ' (clean tree)'}"
+
+
+def machine() -> dict:
+    cpu, flags = platform.processor() or "?", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and cpu in ("?", "", "x86_64"):
+                    cpu = value.strip()
+                elif key.strip() in ("flags", "Features") and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
+              "asimd", "asimddp", "sve")
+    try:
+        import psutil
+        physical = psutil.cpu_count(logical=False)
+    except ImportError:
+        physical = None
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu, "flags": " ".join(f for f in wanted if f in flags) or "-",
+            "cores": f"{physical or '?'} physical, {os.cpu_count()} logical, {available} available to "
+                     f"this process",
+            "load": " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"}
+
+
+def fmt(value, digits=1) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}×" if b else "-"
+
+
+def render(args, runs, combined, warnings) -> str:
+    import pyllm
+
+    m = machine()
+    lines = [
+        (f"### {os.path.basename(args.model.rstrip('/'))}, {args.threads} threads — "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"),
+        "",
+        (f"- CPU: {m['cpu']} ({m['flags']}); cores: {m['cores']}; threads used: {args.threads}; "
+        f"load average at start: {m['load']}"),
+        (f"- OS: {platform.platform()}; Python {platform.python_version()}; numpy {version('numpy')}; "
+        f"torch {version('torch')}; transformers {version('transformers')}; "
+        f"llama_cpp {version('llama_cpp_python')}"),
+        f"- pyllm {pyllm.__version__}, commit {git_commit()}",
+        (f"- prompt: the first {max(PREFILL_LENGTHS)} tokens of {os.path.basename(PROMPT_FILE)}, the same "
+        f"ids for every engine; decode: {args.decode_tokens} greedy tokens after a {DECODE_PROMPT}-token "
+        f"prompt, first step untimed; repeats: {args.repeats}, each a fresh process, "
+        f"{'best' if args.stat == 'best' else 'median'} of them shown (peak RSS: the highest)"),
+        "",
+        ("| engine | model file | weights | load s | prefill 128 tok/s | prefill 512 tok/s | "
+        "decode tok/s | peak RSS MB |"),
+        "|---|---|---|--:|--:|--:|--:|--:|",
+    ]
+    for run in runs:
+        r = combined[run["row"]]
+        source = os.path.basename(run["source"].rstrip("/"))
+        weights = weights_label(run["source"]) if run["source"] != "-" else "-"
+        wanted = run.get("dtype") or (run["engine"].split("-", 1)[1]
+                                      if run["engine"].startswith("transformers-") else None)
+        if wanted and wanted.lower() != weights:
+            weights = f"{wanted} (from {weights} at load)"
+        if "error" in r:
+            lines.append(f"| {run['row']} | {source} | {weights} | {r['error']} | | | | |")
+            continue
+        lines.append(f"| {run['row']} | {source} | {weights} | {fmt(r['load_s'], 2)} | "
+                     f"{fmt(r['prefill128'])} | {fmt(r['prefill512'])} | {fmt(r['decode'])} | "
+                     f"{fmt(r['rss_mb'], 0)} |")
+
+    # Ratios pair pyllm with each engine on the same file: the folder for transformers, the GGUF
+    # (when pyllm could load it) for llama.cpp.
+    pairs = []
+    for run in runs:
+        other = combined[run["row"]]
+        if run["engine"] == "pyllm" or "error" in other:
+            continue
+        mine = "pyllm (gguf)" if run["engine"] == "llama.cpp" else "pyllm"
+        if mine in combined and "error" not in combined[mine]:
+            pairs.append((mine, run["row"], combined[mine], other))
+    if pairs:
+        lines += ["", ("pyllm ÷ other engine on the same file (throughput: above 1 = pyllm faster; "
+                  "load time and RSS: below 1 = pyllm lighter):"), "",
+                  "| pyllm row | vs | load | prefill 128 | prefill 512 | decode | peak RSS |",
+                  "|---|---|--:|--:|--:|--:|--:|"]
+        for mine, theirs, a, b in pairs:
+            lines.append(f"| {mine} | {theirs} | {ratio(a['load_s'], b['load_s'])} | "
+                         f"{ratio(a['prefill128'], b['prefill128'])} | "
+                         f"{ratio(a['prefill512'], b['prefill512'])} | {ratio(a['decode'], b['decode'])} | "
+                         f"{ratio(a['rss_mb'], b['rss_mb'])} |")
+
+    # Same greedy continuation = same model run on the same ids (bf16 and 4-bit rows may drift).
+    checks = []
+    for run in runs:
+        r = combined[run["row"]]
+        ref = combined.get("pyllm (gguf)" if run["engine"] == "llama.cpp" else "pyllm", {})
+        if run["engine"] == "pyllm" or "error" in r or "tokens" not in ref:
+            continue
+        a, b = ref["tokens"][:CHECK_TOKENS], r["tokens"][:CHECK_TOKENS]
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+        checks.append(f"{run['row']} {same}/{len(a)}")
+    notes = [f"{row}: {r['note']}" for row, r in combined.items() if "note" in r] + warnings
+    notes += [f"{row} build: {r['build']}" for row, r in combined.items() if "build" in r]
+    if checks:
+        notes.append(f"greedy tokens after the {DECODE_PROMPT}-token prompt that agree with pyllm on "
+                     f"the same file before the first difference: " + ", ".join(checks))
+    if notes:
+        lines += [""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help="Hugging Face folder (pyllm, transformers; its tokenizer makes the prompt)")
+    parser.add_argument("--gguf", help="GGUF file for llama.cpp, and for pyllm when it can load it")
+    parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma list of {', '.join(ENGINES)}")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="fresh processes per engine")
+    parser.add_argument("--stat", choices=("best", "median"), default="best", help="how repeats combine")
+    parser.add_argument("--decode-tokens", type=int, default=128)
+    parser.add_argument("--pyllm-dtype", help='passed to pyllm.load(dtype=...), e.g. "q8_0", "q4_0", "bf16"')
+    parser.add_argument("--out", help="append the table to this markdown file (e.g. benchmarks/RESULTS.md)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child:  # one engine, one repeat; the spec arrives on stdin
+        print(RESULT_MARK + json.dumps(run_child(json.load(sys.stdin))), flush=True)
+        return 0
+
+    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = set(args.engines) - set(ENGINES)
+    if unknown:
+        parser.error(f"unknown engines {sorted(unknown)}; choose from {', '.join(ENGINES)}")
+    args.model = os.path.expanduser(args.model)
+    args.gguf = os.path.expanduser(args.gguf) if args.gguf else None
+    if DECODE_PROMPT + args.decode_tokens + 2 > N_CTX:
+        parser.error(f"--decode-tokens must be at most {N_CTX - DECODE_PROMPT - 2}")
+
+    ids = prompt_ids(args.model, max(PREFILL_LENGTHS))
+    warnings = []
+    if args.gguf:
+        problem = check_gguf_vocab(args.gguf, args.model, ids)
+        if problem:
+            warnings.append(problem)
+    warm_page_cache([args.model] + ([args.gguf] if args.gguf else []))
+
+    runs = plan_runs(args)
+    results = {run["row"]: [] for run in runs}
+    # Repeats are the outer loop, so a change in background load over the run touches every engine.
+    for rep in range(args.repeats):
+        for run in runs:
+            if "skip" in run:
+                continue
+            spec = {"engine": run["engine"], "source": run["source"], "dtype": run.get("dtype"),
+                    "threads": args.threads, "ids": ids, "decode_tokens": args.decode_tokens}
+            t0 = time.perf_counter()
+            result = spawn(spec, args.threads)
+            results[run["row"]].append(result)
+            status = result.get("error") or (f"prefill512 {result['prefill512']:.1f} tok/s, "
+                                             f"decode {result['decode']:.1f} tok/s, "
+                                             f"peak RSS {result['rss_mb']:.1f} MB")
+            print(f"[{rep + 1}/{args.repeats}] {run['row']}: {status} ({time.perf_counter() - t0:.0f} s)",
+                  file=sys.stderr, flush=True)
+    combined = {run["row"]: ({"error": run["skip"]} if "skip" in run else combine(results[run["row"]], args.stat))
+                for run in runs}
+    table = render(args, runs, combined, warnings)
+    print(table)
+    if args.out:
+        with open(args.out, "a", encoding="utf-8") as f:
+            f.write("\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
