@@ -99,7 +99,11 @@ cdef extern from "kernels.h" nogil:
     void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
                    const pl_matmul_scratch *scratch, pl_pool *pool, int ith, int nth)
     int64_t pl_matmul_xq_bytes(int type, int64_t cols, int n)
+    enum: PL_BLAS_MIN_TOKENS
     void pl_pool_run(pl_pool *pool, void (*fn)(void *arg, int ith, int nth) noexcept nogil, void *arg)
+
+# From this many tokens on, a forward pass multiplies with sgemm on float32 activations.
+BLAS_MIN_TOKENS = PL_BLAS_MIN_TOKENS
 
 ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512", 3: "neon"}
 _ISA_IDS = {v: k for k, v in ISA_NAMES.items()}
@@ -315,10 +319,12 @@ cdef class CoreModel:
     cdef pl_pool *pool
     cdef object keep
     cdef readonly int n_threads
+    cdef readonly tuple weight_types  # the types of every matrix, as bound
 
     def __cinit__(self, dict hparams, dict tensors, dict vectors, list sliding_windows, object keep,
                   int threads, bint use_blas=True, tuple blas_controls=(0, 0)):
         self.keep = (keep, vectors)
+        self.weight_types = tuple(sorted({int(spec[0]) for spec in tensors.values()}))
         for name, arr in vectors.items():
             if arr is not None and (arr.dtype != np.float32 or not arr.flags.c_contiguous):
                 raise ValueError(f"{name} must be a C-contiguous float32 array")

@@ -1,38 +1,137 @@
-"""The `pyllm` command: run a prompt (streamed as tokens arrive) or describe a model."""
+"""The `pyllm` command: run a prompt, chat, or describe a model.
+
+    pyllm run [MODEL] PROMPT [--max-tokens N --temperature T --top-k K --top-p P --min-p P
+                              --seed S --stop STR ...]
+    pyllm chat [MODEL]       interactive; /reset clears the history, Ctrl-C stops an answer,
+                             Ctrl-D quits
+    pyllm info [MODEL]       architecture, parameters, dtypes, context, vocabulary, chat template
+"""
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 
 from . import hub
 from .errors import PyllmError
+
+
+def _sampling(args: argparse.Namespace) -> dict:
+    settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                "min_p": args.min_p, "repetition_penalty": args.repetition_penalty, "seed": args.seed}
+    return {k: v for k, v in settings.items() if v is not None}
+
+
+def _write(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
 
 
 def _run(args: argparse.Namespace) -> int:
     from .model import load
 
     llm = load(args.model, threads=args.threads, n_ctx=args.n_ctx)
-    for piece in llm.stream(args.prompt, max_tokens=args.max_tokens, temperature=args.temperature,
-                            seed=args.seed):
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
+    for piece in llm.stream(args.prompt, max_tokens=args.max_tokens, stop=args.stop or None,
+                            **_sampling(args)):
+        _write(piece)
+    _write("\n")
+    return 0
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from .model import load
+
+    llm = load(args.model, threads=args.threads, n_ctx=args.n_ctx)
+    history: list[dict] = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    print("pyllm chat: /reset clears the conversation, Ctrl-C stops an answer, Ctrl-D quits.")
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return 0
+        except KeyboardInterrupt:
+            print()
+            continue
+        if not line.strip():
+            continue
+        if line.strip() == "/reset":
+            history = history[:1] if args.system else []
+            print("(conversation cleared)")
+            continue
+        history.append({"role": "user", "content": line})
+        answer = []
+        try:
+            for piece in llm.chat(history, stream=True, max_tokens=args.max_tokens, **_sampling(args)):
+                answer.append(piece)
+                _write(piece)
+        except KeyboardInterrupt:
+            _write(" [stopped]")
+        _write("\n")
+        history.append({"role": "assistant", "content": "".join(answer)})
+
+
+def _info(args: argparse.Namespace) -> int:
+    from .model import load
+
+    llm = load(args.model, threads=1, n_ctx=16)
+    spec = llm.spec
+    print(f"source:          {llm.source}")
+    print(f"architecture:    {spec.family} ({spec.n_layers} layers, dim {spec.dim}, {spec.n_heads} heads, "
+          f"{spec.n_kv_heads} KV heads, head_dim {spec.head_dim}, FFN {spec.ffn_dim})")
+    params, per_type = 0, Counter()
+    for info in llm.weights.values():
+        n = 1
+        for d in info.shape:
+            n *= d
+        params += n
+        per_type[info.wtype.name] += info.nbytes
+    print(f"parameters:      {params:,}")
+    print("weights:         " + ", ".join(f"{t} {b / 1e6:.1f} MB" for t, b in per_type.most_common()))
+    print(f"context length:  {spec.max_seq_len}")
+    print(f"vocabulary:      {spec.vocab_size}")
+    print(f"chat template:   {'yes' if llm.tokenizer.chat_template else 'no'}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyllm", description="Fast CPU inference of language models.")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def model_arg(p):
+        p.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL,
+                       help=f"model folder, .gguf file or alias (default {hub.DEFAULT_MODEL})")
+        p.add_argument("--threads", type=int, default=None, help="default: physical cores")
+        p.add_argument("--n-ctx", type=int, default=None, help="context length to allocate")
+
+    def sampling_args(p, max_tokens):
+        p.add_argument("--max-tokens", type=int, default=max_tokens)
+        p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
+        p.add_argument("--top-k", type=int, default=None)
+        p.add_argument("--top-p", type=float, default=None)
+        p.add_argument("--min-p", type=float, default=None)
+        p.add_argument("--repetition-penalty", type=float, default=None)
+        p.add_argument("--seed", type=int, default=None)
+
     run = sub.add_parser("run", help="continue a prompt, printing tokens as they arrive")
-    run.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL,
-                     help=f"model folder, .gguf file or alias (default {hub.DEFAULT_MODEL})")
+    model_arg(run)
     run.add_argument("prompt", help="the text to continue")
-    run.add_argument("--max-tokens", type=int, default=128)
-    run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    run.add_argument("--seed", type=int, default=None)
-    run.add_argument("--threads", type=int, default=None, help="default: physical cores")
-    run.add_argument("--n-ctx", type=int, default=None, help="context length to allocate")
+    sampling_args(run, 128)
+    run.add_argument("--stop", action="append", help="stop before this text (repeatable)")
     run.set_defaults(func=_run)
+
+    chat = sub.add_parser("chat", help="talk to a chat model")
+    model_arg(chat)
+    sampling_args(chat, 512)
+    chat.add_argument("--system", default=None, help="a system prompt")
+    chat.set_defaults(func=_chat)
+
+    info = sub.add_parser("info", help="describe a model")
+    model_arg(info)
+    info.set_defaults(func=_info)
+
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -8,17 +8,19 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import _core, arch, hub
 from .arch.spec import ModelSpec
 from .binding import build_core, parse_dtype, to_float32
+from .dtypes import WeightType
 from .errors import ContextLengthError, FormatError
 from .formats.gguf import GGUFFile
 from .formats.safetensors import open_checkpoint
-from .sampling import Sampler
+from .chat import ChatTemplateError, render_chat
+from .generation import Completion, StopMatcher, Stream
+from .sampling import Sampler, SamplingParams, top_logprobs
 from .threads import default_threads
 from .tokenizer import IncrementalDecoder, Tokenizer
 from .tokenizer_gguf import tokenizer_from_gguf
@@ -26,29 +28,24 @@ from .tokenizer_gguf import tokenizer_from_gguf
 DEFAULT_MAX_CONTEXT = 4096  # the cache is sized for this unless n_ctx says otherwise
 
 
-@dataclass
-class Completion:
-    """What generate returns."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop" (an end-of-sequence token) or "length"
-    prompt_tokens: int = 0
-    usage: dict = field(default_factory=dict)
-
-
 class Model:
     """A language model ready to run. Build one with pyllm.load()."""
 
     def __init__(self, core: _core.CoreModel, spec: ModelSpec, tokenizer: Tokenizer, n_ctx: int,
-                 source: str, eos_ids: set[int]):
+                 source: str, eos_ids: set[int], weights: dict | None = None):
         self.spec = spec
+        self.weights = weights or {}  # tensor name -> TensorInfo, as stored in the file
         self.tokenizer = tokenizer
         self.source = source
         self.eos_ids = eos_ids
         self._core = core
         self._seq = _core.CoreSequence(core, n_ctx)
         self._cached: list[int] = []  # the ids whose keys/values are in the cache
+        # Quantized weights multiply 8-bit activations when decoding one token but float32 ones in
+        # a prefill batch, so a token's keys/values depend on how it was run. For such models the
+        # cache keeps only what a fresh prefill would have computed the same way.
+        self._paths_agree = all(
+            _core.vec_dot_type(int(t)) == int(WeightType.F32) for t in core.weight_types)
 
     @property
     def n_ctx(self) -> int:
@@ -115,6 +112,9 @@ class Model:
                 break
             common += 1
         common = min(common, len(ids) - 1)  # the last prompt token must run to give logits
+        if not self._paths_agree and len(ids) >= _core.BLAS_MIN_TOKENS:
+            # rerun enough of the tail that it goes through the batch path, as a fresh run would
+            common = min(common, len(ids) - _core.BLAS_MIN_TOKENS)
         self._seq.truncate(common)
         self._cached = ids[:common]
         logits = self._seq.forward(ids[common:])
@@ -123,62 +123,153 @@ class Model:
 
     def _step(self, token: int) -> np.ndarray:
         logits = self._seq.forward([token])
-        self._cached.append(token)
+        if self._paths_agree:  # else decoded keys/values are not reusable (see __init__)
+            self._cached.append(token)
         return logits
 
-    def stream_ids(self, prompt_ids, *, max_tokens: int = 128, temperature: float = 0.0,
-                   seed: int | None = None, state: dict | None = None) -> Iterator[int]:
-        """Yields generated token ids; state gets finish_reason when the iterator ends."""
-        ids = self._check_ids(list(prompt_ids))
-        if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        sampler = Sampler(temperature, seed)
-        state = state if state is not None else {}
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenize(prompt)
+        return [int(t) for t in prompt]
+
+    def _token_events(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int,
+                      logprobs: int | None, state: dict) -> Iterator[tuple[int, dict | None]]:
+        """Yields (token id, logprob entry or None) until an end-of-sequence id, max_tokens or a
+        full context; state["finish_reason"] says which."""
+        ids = self._check_ids(prompt_ids)
+        if not isinstance(max_tokens, int) or max_tokens < 0:
+            raise ValueError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
+        if logprobs is not None and (not isinstance(logprobs, int) or not 0 <= logprobs <= 20):
+            raise ValueError(f"logprobs must be an int in [0, 20], got {logprobs!r}")
+        params.validate(self.vocab_size)
+        sampler = Sampler(params)
         state["finish_reason"] = "length"
         if max_tokens == 0:
             return
         logits = self._prefill(ids)
-        for produced in range(max_tokens):
-            token = sampler(logits)
+        generated: list[int] = []
+        while True:
+            token = sampler.sample(logits, ids, generated)
             if token in self.eos_ids:
                 state["finish_reason"] = "stop"
                 return
-            yield token
-            if produced + 1 == max_tokens or self._seq.pos >= self.n_ctx:
-                return  # "length": max_tokens reached or the context is full
+            generated.append(token)
+            yield token, (self._logprob_entry(logits, token, logprobs) if logprobs is not None else None)
+            if len(generated) == max_tokens or self._seq.pos >= self.n_ctx:
+                return
             logits = self._step(token)
 
-    def stream(self, prompt: str, *, max_tokens: int = 128, temperature: float = 0.0,
-               seed: int | None = None) -> Iterator[str]:
-        """Yields text pieces as tokens arrive, never half a UTF-8 character.
+    def _logprob_entry(self, logits: np.ndarray, token: int, top: int) -> dict:
+        """The token's log-probability under the model's own distribution (before any sampling
+        transform), with the top alternatives, as the OpenAI API reports them."""
+        best = top_logprobs(logits, top)
 
-        >>> for piece in llm.stream("Once upon a time", max_tokens=16):  # doctest: +SKIP
-        ...     print(piece, end="", flush=True)
-        """
+        def entry(i: int) -> dict:
+            return {"token": self.tokenizer.decode([int(i)]), "token_id": int(i),
+                    "logprob": float(best.logprobs[i])}
+
+        return {**entry(token), "top_logprobs": [entry(int(i)) for i in best.ids]}
+
+    def _run(self, prompt, max_tokens: int, stop, logprobs: int | None, sampling: SamplingParams | None,
+             params: dict, result: dict) -> Iterator[str]:
+        """Text pieces of one generation; leaves the Completion in result["completion"]."""
+        settings = _sampling_params(sampling, params)
+        prompt_ids = self._prompt_ids(prompt)
         decoder = IncrementalDecoder(self.tokenizer)
-        for token in self.stream_ids(self.tokenize(prompt), max_tokens=max_tokens,
-                                     temperature=temperature, seed=seed):
-            piece = decoder.push(token)
+        stops = StopMatcher(stop)
+        state: dict = {}
+        tokens: list[int] = []
+        entries: list[dict] = []
+        text = []
+        for token, entry in self._token_events(prompt_ids, settings, max_tokens, logprobs, state):
+            tokens.append(token)
+            if entry is not None:
+                entries.append(entry)
+            piece = stops.feed(decoder.push(token))
             if piece:
+                text.append(piece)
                 yield piece
-        tail = decoder.flush()
-        if tail:
-            yield tail
+            if stops.stopped:
+                state["finish_reason"] = "stop"
+                break
+        if not stops.stopped:
+            tail = stops.feed(decoder.flush()) + stops.flush()
+            if stops.stopped:
+                state["finish_reason"] = "stop"
+            if tail:
+                text.append(tail)
+                yield tail
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(tokens),
+                 "total_tokens": len(prompt_ids) + len(tokens)}
+        result["completion"] = Completion("".join(text), tokens, state["finish_reason"], usage,
+                                          entries if logprobs is not None else None)
 
-    def generate(self, prompt: str, *, max_tokens: int = 128, temperature: float = 0.0,
-                 seed: int | None = None) -> Completion:
-        """Continues prompt; greedy when temperature is 0.
+    def stream(self, prompt, *, max_tokens: int = 128, stop=None, logprobs: int | None = None,
+               sampling: SamplingParams | None = None, **params) -> Stream:
+        """Yields text pieces as tokens arrive, never half a UTF-8 character; after the loop,
+        .finish_reason, .usage and .completion hold the final state.
+
+        prompt is text or token ids; sampling settings come as a SamplingParams or as keywords
+        (temperature, top_k, top_p, min_p, typical_p, repetition_penalty, presence_penalty,
+        frequency_penalty, logit_bias, seed).
+
+        >>> s = llm.stream("Once upon a time", max_tokens=16)  # doctest: +SKIP
+        >>> for piece in s:  # doctest: +SKIP
+        ...     print(piece, end="", flush=True)
+        >>> s.finish_reason  # doctest: +SKIP
+        'length'
+        """
+        result: dict = {}
+        _sampling_params(sampling, params)  # bad settings raise here, not at the first next()
+        StopMatcher(stop)
+        return Stream(self._run(prompt, max_tokens, stop, logprobs, sampling, params, result), result)
+
+    def generate(self, prompt, *, max_tokens: int = 128, stop=None, logprobs: int | None = None,
+                 sampling: SamplingParams | None = None, **params) -> Completion:
+        """Continues prompt (text or token ids); greedy unless a temperature is given.
 
         >>> llm.generate("The capital of France is", max_tokens=8).text  # doctest: +SKIP
         ' Paris. It is the largest city in'
         """
-        prompt_ids = self.tokenize(prompt)
-        state: dict = {}
-        out = list(self.stream_ids(prompt_ids, max_tokens=max_tokens, temperature=temperature,
-                                   seed=seed, state=state))
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out),
-                 "total_tokens": len(prompt_ids) + len(out)}
-        return Completion(self.detokenize(out), out, state["finish_reason"], len(prompt_ids), usage)
+        s = self.stream(prompt, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
+                        sampling=sampling, **params)
+        for _ in s:
+            pass
+        return s.completion
+
+    def render_chat(self, messages: list[dict], chat_template: str | None = None) -> str:
+        """The prompt text the model's chat template makes of messages, ready for the assistant."""
+        template = chat_template or self.tokenizer.chat_template
+        if not template:
+            raise ChatTemplateError(
+                f"{self.source} has no chat template; pass chat_template= to chat()")
+        return render_chat(template, messages, bos_token=self.tokenizer.bos_token,
+                           eos_token=self.tokenizer.eos_token, add_generation_prompt=True)
+
+    def chat(self, messages: list[dict], *, stream: bool = False, chat_template: str | None = None,
+             max_tokens: int = 256, **params):
+        """Answers a conversation ([{"role": "user", "content": "..."}, ...]) through the model's own
+        chat template; returns a Completion, or a Stream when stream=True. The rendered prompt is
+        not given a second BOS; a follow-up turn reuses the cached conversation.
+
+        >>> llm.chat([{"role": "user", "content": "What is the capital of France?"}]).text  # doctest: +SKIP
+        'The capital of France is Paris.'
+        """
+        ids = self.tokenize(self.render_chat(messages, chat_template), add_special=False)
+        if stream:
+            return self.stream(ids, max_tokens=max_tokens, **params)
+        return self.generate(ids, max_tokens=max_tokens, **params)
+
+
+def _sampling_params(sampling: SamplingParams | None, params: dict) -> SamplingParams:
+    if sampling is not None and params:
+        raise ValueError("pass sampling settings either as a SamplingParams or as keywords, not both")
+    if sampling is not None:
+        return sampling
+    try:
+        return SamplingParams(**params)
+    except TypeError as e:
+        raise ValueError(f"unknown sampling setting: {e}") from None
 
 
 def _read_config(folder: str, name: str) -> dict:
@@ -216,7 +307,7 @@ def _load_folder(folder: str, threads: int, dtype):
     eos = _eos_from(config) | _eos_from(_read_config(folder, "generation_config.json"))
     if tokenizer.eos_id is not None:
         eos.add(tokenizer.eos_id)
-    return core, spec, tokenizer, eos
+    return core, spec, tokenizer, eos, checkpoint.tensors
 
 
 def _load_gguf(path: str, threads: int, dtype):
@@ -237,7 +328,7 @@ def _load_gguf(path: str, threads: int, dtype):
                           chat_template=info.chat_template)
     tokenizer.bos_token = info.tokenizer.id_to_token(info.bos_id) if info.bos_id is not None else None
     tokenizer.eos_token = info.tokenizer.id_to_token(info.eos_id) if info.eos_id is not None else None
-    return core, spec, tokenizer, set(info.eos_ids)
+    return core, spec, tokenizer, set(info.eos_ids), gguf.tensors
 
 
 def load(source, *, threads: int | None = None, n_ctx: int | None = None,
@@ -259,11 +350,11 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     if os.path.isdir(path):
-        core, spec, tokenizer, eos = _load_folder(path, threads, wtype)
+        core, spec, tokenizer, eos, weights = _load_folder(path, threads, wtype)
     else:
-        core, spec, tokenizer, eos = _load_gguf(path, threads, wtype)
+        core, spec, tokenizer, eos, weights = _load_gguf(path, threads, wtype)
     if n_ctx is None:
         n_ctx = min(spec.max_seq_len, DEFAULT_MAX_CONTEXT)
     if n_ctx < 1:
         raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
-    return Model(core, spec, tokenizer, int(n_ctx), path, eos)
+    return Model(core, spec, tokenizer, int(n_ctx), path, eos, weights)

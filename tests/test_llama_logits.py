@@ -56,7 +56,7 @@ def test_greedy_continuation_matches_transformers(case):
     expected = out[0, len(prompt):].tolist()
     expected = [t for t in expected if t != 1][:16]  # transformers pads after an EOS
     llm = pyllm.load(folder, threads=2)
-    assert list(llm.stream_ids(prompt, max_tokens=16)) == expected, name
+    assert llm.generate(prompt, max_tokens=16).token_ids == expected, name
 
 
 def test_prefill_equals_token_by_token_decoding(case):
@@ -124,9 +124,8 @@ def test_prompt_longer_than_context_raises_context_length_error(tmp_path):
 def test_generation_that_fills_the_context_ends_with_length(tmp_path):
     llm = pyllm.load(make_tiny_checkpoint(str(tmp_path)), n_ctx=12)
     llm.eos_ids = set()  # only the context can stop it
-    state: dict = {}
-    out = list(llm.stream_ids(list(range(2, 10)), max_tokens=100, state=state))
-    assert len(out) == 12 - 8 + 1 and state["finish_reason"] == "length"
+    out = llm.generate(list(range(2, 10)), max_tokens=100)
+    assert len(out.token_ids) == 12 - 8 + 1 and out.finish_reason == "length"
 
 
 def test_reusing_a_prompt_prefix_processes_only_new_tokens(tmp_path):

@@ -73,3 +73,57 @@ def test_quantize_on_load_keeps_perplexity(smollm2_folder, dtype, tolerance):
 def test_unknown_dtype_raises_value_error(smollm2_folder):
     with pytest.raises(ValueError, match="dtype"):
         pyllm.load(smollm2_folder, dtype="q3_z")
+
+
+def test_chat_answers_paris_and_stops_on_its_end_of_turn_token(gguf_model):
+    out = gguf_model.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=32)
+    assert "Paris" in out.text
+    assert out.finish_reason == "stop"
+
+
+def test_chat_keeps_the_context_of_earlier_turns(gguf_model):
+    """ "And of Germany?" only means "the capital of Germany" after the first turn. (Asked a name
+    and then to say it back, this 135M model invents another name whatever the engine.)"""
+    history = [{"role": "user", "content": "What is the capital of France?"}]
+    first = gguf_model.chat(history, max_tokens=48)
+    assert "Paris" in first.text
+    history += [{"role": "assistant", "content": first.text},
+                {"role": "user", "content": "And of Germany?"}]
+    before = gguf_model.tokens_processed
+    second = gguf_model.chat(history, max_tokens=32)
+    assert "Berlin" in second.text
+    # the second turn extends the cached conversation: the prefix was not run again
+    rendered = gguf_model.tokenize(gguf_model.render_chat(history), add_special=False)
+    assert gguf_model.tokens_processed - before < len(rendered)
+
+
+def test_streamed_chat_equals_the_completion(gguf_model):
+    messages = [{"role": "user", "content": "Name three colors."}]
+    s = gguf_model.chat(messages, stream=True, max_tokens=24)
+    text = "".join(s)
+    assert text == gguf_model.chat(messages, max_tokens=24).text
+    assert s.finish_reason in ("stop", "length") and s.usage["completion_tokens"] > 0
+
+
+def test_chat_without_a_template_needs_one_passed(gguf_model):
+    saved = gguf_model.tokenizer.chat_template
+    gguf_model.tokenizer.chat_template = None
+    try:
+        with pytest.raises(pyllm.ChatTemplateError, match="chat_template"):
+            gguf_model.chat([{"role": "user", "content": "hi"}])
+        out = gguf_model.chat([{"role": "user", "content": "hi"}], max_tokens=4,
+                              chat_template="{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+        assert out.usage["prompt_tokens"] > 0
+    finally:
+        gguf_model.tokenizer.chat_template = saved
+
+
+def test_reused_prefix_gives_the_logits_of_a_fresh_run_on_quantized_weights(gguf_model, text_ids):
+    ids = text_ids[:60]
+    fresh = gguf_model.logits(ids)[-1]
+    gguf_model.reset()
+    gguf_model.generate(ids[:40], max_tokens=5)  # decoded tokens land in the cache too
+    before = gguf_model.tokens_processed
+    reused = gguf_model._prefill(ids)
+    assert gguf_model.tokens_processed - before < len(ids)
+    assert np.abs(reused - fresh).max() <= 1e-4

@@ -1,0 +1,103 @@
+"""What a generation returns and how its text is cut: completions, streams and stop strings."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Completion:
+    """The result of Model.generate / Model.chat.
+
+    finish_reason is "stop" (an end-of-sequence token or a stop string) or "length" (max_tokens
+    or the context ran out). logprobs, when asked for, has one entry per generated token:
+    {"token", "token_id", "logprob", "top_logprobs": [{"token", "token_id", "logprob"}, ...]}.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    usage: dict = field(default_factory=dict)
+    logprobs: list[dict] | None = None
+
+
+class StopMatcher:
+    """Cuts streamed text at the first stop string, even one that spans several tokens.
+
+    Text that could still turn out to be the start of a stop string is held back, so a stop string
+    is never emitted, not even in part.
+    """
+
+    def __init__(self, stops: list[str] | str | None):
+        if isinstance(stops, str):
+            stops = [stops]
+        self.stops = [s for s in (stops or [])]
+        for s in self.stops:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+        self.text = ""     # all text seen
+        self.emitted = 0   # characters of it already handed out
+        self.stopped = False
+
+    def _held_back(self) -> int:
+        """Length of the longest tail of the text that is a proper prefix of a stop string."""
+        longest = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.text)), longest, -1):
+                if self.text.endswith(s[:k]):
+                    longest = k
+                    break
+        return longest
+
+    def feed(self, piece: str) -> str:
+        """Adds text; returns what can be emitted now (all of it up to a stop string, if one ends)."""
+        if self.stopped:
+            return ""
+        self.text += piece
+        start = max(0, self.emitted - max((len(s) for s in self.stops), default=0))
+        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped = True
+            end = min(hits)
+        else:
+            end = len(self.text) - self._held_back()
+        out = self.text[self.emitted:end] if end > self.emitted else ""
+        self.emitted = max(self.emitted, end)
+        return out
+
+    def flush(self) -> str:
+        """At the end of generation nothing more can complete a stop string: emit the rest."""
+        if self.stopped:
+            return ""
+        out = self.text[self.emitted:]
+        self.emitted = len(self.text)
+        return out
+
+
+class Stream:
+    """An iterator of text pieces; once exhausted, .completion (and .finish_reason, .usage) hold the
+    final state."""
+
+    def __init__(self, pieces: Iterator[str], result: dict):
+        self._pieces = pieces
+        self._result = result
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    @property
+    def completion(self) -> Completion | None:
+        return self._result.get("completion")
+
+    @property
+    def finish_reason(self) -> str | None:
+        c = self.completion
+        return c.finish_reason if c else None
+
+    @property
+    def usage(self) -> dict | None:
+        c = self.completion
+        return c.usage if c else None
