@@ -82,19 +82,8 @@ static void forward_task(void *raw, int ith, int nth) {
         residual_norm(a, 1, L->ffn_norm, 0, ith, nth);
         pl_barrier(pool);
 
-        pl_matmul_out gu[2] = {{&L->w_gate, s->gate, m->ffn_dim, NULL},
-                               {&L->w_up, s->up, m->ffn_dim, NULL}};
-        pl_matmul(gu, 2, s->xn, n, n, &s->mm, pool, ith, nth);
-        pl_barrier(pool);
-
-        for (int t = ith; t < n; t += nth) {
-            float *g = s->gate + (int64_t)t * m->ffn_dim;
-            const float *u = s->up + (int64_t)t * m->ffn_dim;
-            if (m->activation == PL_ACT_GELU_TANH)
-                pl_geglu_tanh(g, u, m->ffn_dim);
-            else
-                pl_swiglu(g, u, m->ffn_dim);
-        }
+        pl_matmul_glu(&L->w_gate, &L->w_up, s->xn, n, n, m->activation, s->gate, s->up, m->ffn_dim,
+                      &s->mm, pool, ith, nth);
         pl_barrier(pool);
 
         pl_matmul_out d[1] = {{&L->w_down, s->tmp, dim, NULL}};

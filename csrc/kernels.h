@@ -79,6 +79,11 @@ typedef struct {
  * row of a prefill — the last one's logits included — is computed the same way. */
 void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
                const pl_matmul_scratch *scratch, pl_pool *pool, int ith, int nth);
+/* gate (n, ld) = act(x · w_gateᵀ) ⊙ (x · w_upᵀ), up holding the second product: every thread owns the
+ * same rows of both, so it applies the activation to them without a barrier. */
+void pl_matmul_glu(const pl_tensor *w_gate, const pl_tensor *w_up, const float *x, int n, int batch,
+                   int activation, float *gate, float *up, int64_t ld, const pl_matmul_scratch *sc,
+                   pl_pool *pool, int ith, int nth);
 /* Bytes of one xq region for n rows of cols inputs of a weight type. */
 int64_t pl_matmul_xq_bytes(int type, int64_t cols, int n);
 

@@ -26,12 +26,13 @@ static void sgemm_rows(const pl_matmul_out *o, const float *a, int64_t r0, int m
 
 /* Each thread takes a slice of the weight rows and, tile by tile, widens them into its own buffer
  * and multiplies: no thread waits for another until the matmul ends. */
+static void row_range(int64_t rows, int ith, int nth, int64_t *begin, int64_t *end);
+
 static void matmul_blas_per_thread(const pl_matmul_out *o, const float *x, int n,
                                    const pl_matmul_scratch *sc, int ith, int nth) {
     const pl_tensor *w = o->w;
-    int64_t blocks = (w->rows + 15) / 16;
-    int64_t begin = blocks * ith / nth * 16, end = blocks * (ith + 1) / nth * 16;
-    if (end > w->rows) end = w->rows;
+    int64_t begin, end;
+    row_range(w->rows, ith, nth, &begin, &end);
     if (w->type == PL_TYPE_F32) {
         if (end > begin) sgemm_rows(o, (const float *)w->data + begin * w->cols, begin, (int)(end - begin), x, n, sc->sgemm);
         return;
@@ -69,20 +70,21 @@ static void matmul_blas_shared(const pl_matmul_out *o, const float *x, int n,
     }
 }
 
-void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
-               const pl_matmul_scratch *sc, pl_pool *pool, int ith, int nth) {
-    if (sc->sgemm && batch >= PL_BLAS_MIN_TOKENS) {
-        for (int i = 0; i < n_outs; i++) {
-            if (sc->per_thread_blas)
-                matmul_blas_per_thread(&outs[i], x, n, sc, ith, nth);
-            else
-                matmul_blas_shared(&outs[i], x, n, sc, pool, ith, nth);
-        }
-        return;
-    }
-    /* Activations converted once per distinct vec_dot_type of the group. */
-    const void *xv[PL_MATMUL_MAX_OUTS];
-    int64_t xrow[PL_MATMUL_MAX_OUTS];
+/* Rows [begin, end) of a matrix for thread ith: blocks of 16 rows, so threads never share a cache
+ * line of y, and the same cut for every matrix of the same height. */
+static void row_range(int64_t rows, int ith, int nth, int64_t *begin, int64_t *end) {
+    int64_t blocks = (rows + 15) / 16;
+    *begin = blocks * ith / nth * 16;
+    *end = blocks * (ith + 1) / nth * 16;
+    if (*end > rows) *end = rows;
+    if (*begin > rows) *begin = rows;
+}
+
+/* Converts x into each out's vec_dot_type (once per distinct type); returns whether any was, in
+ * which case the caller must meet the other threads at a barrier before reading xv. */
+static int prepare_activations(const pl_matmul_out *outs, int n_outs, const float *x, int n,
+                               const pl_matmul_scratch *sc, int ith, int nth, const void **xv,
+                               int64_t *xrow) {
     int converted = 0;
     for (int i = 0; i < n_outs; i++) {
         const pl_tensor *w = outs[i].w;
@@ -106,28 +108,77 @@ void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int
         xv[i] = dst;
         converted = 1;
     }
-    if (converted) pl_barrier(pool);
+    return converted;
+}
 
-    /* The group's rows as one range, cut in blocks of 16 so threads never share a cache line of y. */
+static void dot_rows(const pl_matmul_out *o, int64_t lo, int64_t hi, const void *xv, int64_t xrow, int n) {
+    const pl_tensor *w = o->w;
+    pl_vec_dot_fn dot = pl_traits(w->type)->vec_dot;
+    int64_t wrow = pl_row_size(w->type, w->cols);
+    for (int64_t r = lo; r < hi; r++) {
+        const void *wr = (const char *)w->data + r * wrow;
+        float b = o->bias ? o->bias[r] : 0.0f;
+        for (int tok = 0; tok < n; tok++)
+            o->y[tok * o->ldy + r] = dot(wr, (const char *)xv + tok * xrow, w->cols) + b;
+    }
+}
+
+void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
+               const pl_matmul_scratch *sc, pl_pool *pool, int ith, int nth) {
+    if (sc->sgemm && batch >= PL_BLAS_MIN_TOKENS) {
+        for (int i = 0; i < n_outs; i++) {
+            if (sc->per_thread_blas)
+                matmul_blas_per_thread(&outs[i], x, n, sc, ith, nth);
+            else
+                matmul_blas_shared(&outs[i], x, n, sc, pool, ith, nth);
+        }
+        return;
+    }
+    const void *xv[PL_MATMUL_MAX_OUTS];
+    int64_t xrow[PL_MATMUL_MAX_OUTS];
+    if (prepare_activations(outs, n_outs, x, n, sc, ith, nth, xv, xrow)) pl_barrier(pool);
+
+    /* The group's rows as one range: q, k and v together balance better than each alone. */
     int64_t total = 0;
     for (int i = 0; i < n_outs; i++) total += outs[i].w->rows;
-    int64_t blocks = (total + 15) / 16;
-    int64_t begin = blocks * ith / nth * 16, end = blocks * (ith + 1) / nth * 16;
-    if (end > total) end = total;
+    int64_t begin, end;
+    row_range(total, ith, nth, &begin, &end);
     int64_t base = 0;
     for (int i = 0; i < n_outs && begin < end; i++) {
-        const pl_matmul_out *o = &outs[i];
-        const pl_tensor *w = o->w;
         int64_t lo = begin > base ? begin - base : 0;
-        int64_t hi = end - base < w->rows ? end - base : w->rows;
-        pl_vec_dot_fn dot = pl_traits(w->type)->vec_dot;
-        int64_t wrow = pl_row_size(w->type, w->cols);
-        for (int64_t r = lo; r < hi; r++) {
-            const void *wr = (const char *)w->data + r * wrow;
-            float b = o->bias ? o->bias[r] : 0.0f;
-            for (int tok = 0; tok < n; tok++)
-                o->y[tok * o->ldy + r] = dot(wr, (const char *)xv[i] + tok * xrow[i], w->cols) + b;
+        int64_t hi = end - base < outs[i].w->rows ? end - base : outs[i].w->rows;
+        if (hi > lo) dot_rows(&outs[i], lo, hi, xv[i], xrow[i], n);
+        base += outs[i].w->rows;
+    }
+}
+
+void pl_matmul_glu(const pl_tensor *w_gate, const pl_tensor *w_up, const float *x, int n, int batch,
+                   int activation, float *gate, float *up, int64_t ld, const pl_matmul_scratch *sc,
+                   pl_pool *pool, int ith, int nth) {
+    pl_matmul_out outs[2] = {{w_gate, gate, ld, NULL}, {w_up, up, ld, NULL}};
+    int64_t begin, end;
+    row_range(w_gate->rows, ith, nth, &begin, &end);
+    if (sc->sgemm && batch >= PL_BLAS_MIN_TOKENS) {
+        for (int i = 0; i < 2; i++) {
+            if (sc->per_thread_blas)
+                matmul_blas_per_thread(&outs[i], x, n, sc, ith, nth); /* rows cut by row_range */
+            else
+                matmul_blas_shared(&outs[i], x, n, sc, pool, ith, nth);
         }
-        base += w->rows;
+        if (!sc->per_thread_blas) pl_barrier(pool);
+    } else {
+        const void *xv[2];
+        int64_t xrow[2];
+        if (prepare_activations(outs, 2, x, n, sc, ith, nth, xv, xrow)) pl_barrier(pool);
+        dot_rows(&outs[0], begin, end, xv[0], xrow[0], n);
+        dot_rows(&outs[1], begin, end, xv[1], xrow[1], n);
+    }
+    for (int tok = 0; tok < n && end > begin; tok++) {
+        float *g = gate + tok * ld + begin;
+        const float *u = up + tok * ld + begin;
+        if (activation == PL_ACT_GELU_TANH)
+            pl_geglu_tanh(g, u, (int)(end - begin));
+        else
+            pl_swiglu(g, u, (int)(end - begin));
     }
 }
