@@ -26,3 +26,43 @@ void pl_attention(const pl_model *m, const float *q, const float *k_cache, const
         for (int j = 0; j < len; j++) pl_vec.axpy_f32(oh, scores[j], vh + (int64_t)(lo + j) * kv_dim, hd);
     }
 }
+
+/* The same attention for a prefill batch, as two sgemm calls per (head, block of queries):
+ *   S = scale · Q_h K_hᵀ over the keys the block can see, masked and softmaxed row by row,
+ *   O_h = S V_h.
+ * (head, block) pairs are dealt round-robin; each thread's sgemm runs single-threaded. */
+void pl_attention_blas(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
+                       int pos0, int n, int window, float *out, float *scores, pl_sgemm_fn sgemm,
+                       int ith, int nth) {
+    const int hd = m->head_dim, n_heads = m->n_heads;
+    const int qd = n_heads * hd, kv_dim = m->n_kv_heads * hd;
+    const int group = n_heads / m->n_kv_heads;
+    const int n_blocks = (n + PL_ATTN_QBLOCK - 1) / PL_ATTN_QBLOCK;
+    for (int item = ith; item < n_heads * n_blocks; item += nth) {
+        int h = item % n_heads, b = item / n_heads;
+        int t0 = b * PL_ATTN_QBLOCK, nq = n - t0 < PL_ATTN_QBLOCK ? n - t0 : PL_ATTN_QBLOCK;
+        int p_first = pos0 + t0, p_last = p_first + nq - 1;
+        int j0 = window > 0 && p_first - window + 1 > 0 ? p_first - window + 1 : 0;
+        int len = p_last - j0 + 1; /* keys any query of the block sees */
+        const float *qh = q + (int64_t)t0 * qd + (int64_t)h * hd;
+        const float *kh = k_cache + (int64_t)j0 * kv_dim + (int64_t)(h / group) * hd;
+        const float *vh = v_cache + (int64_t)j0 * kv_dim + (int64_t)(h / group) * hd;
+        /* column-major: Sᵀ (len, nq) = K_h (len, hd) · Q_hᵀ (hd, nq) */
+        char tr = 'T', nt = 'N';
+        float scale = m->attn_scale, zero = 0.0f, one = 1.0f;
+        int mm = len, nn = nq, kk = hd, lda = kv_dim, ldb = qd, ldc = len;
+        sgemm(&tr, &nt, &mm, &nn, &kk, &scale, (float *)kh, &lda, (float *)qh, &ldb, &zero, scores, &ldc);
+        for (int t = 0; t < nq; t++) {
+            float *row = scores + (int64_t)t * len;
+            int p = p_first + t;
+            int lo = window > 0 && p - window + 1 > j0 ? p - window + 1 - j0 : 0, hi = p - j0 + 1;
+            pl_softmax(row + lo, hi - lo);
+            for (int j = 0; j < lo; j++) row[j] = 0.0f;
+            for (int j = hi; j < len; j++) row[j] = 0.0f;
+        }
+        /* column-major: O_hᵀ (hd, nq) = V_hᵀ (hd, len) · Sᵀ (len, nq) */
+        float *oh = out + (int64_t)t0 * qd + (int64_t)h * hd;
+        mm = hd, nn = nq, kk = len, lda = kv_dim, ldb = len, ldc = qd;
+        sgemm(&nt, &nt, &mm, &nn, &kk, &one, (float *)vh, &lda, scores, &ldb, &zero, oh, &ldc);
+    }
+}

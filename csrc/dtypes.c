@@ -125,7 +125,7 @@ static float dot_bf16(const void *w, const void *x, int64_t n) {
     return s;
 }
 
-pl_vec_kernels pl_vec = {pl_dot_f32_scalar, pl_axpy_f32_scalar};
+pl_vec_kernels pl_vec = {pl_dot_f32_scalar, pl_axpy_f32_scalar, pl_softmax_scalar, pl_swiglu_scalar};
 
 /* Installs the scalar float kernels, then lets the chosen ISA's file replace what it speeds up. */
 void pl_install_type_kernels(int isa) {
@@ -135,6 +135,8 @@ void pl_install_type_kernels(int isa) {
         (pl_type_traits){"bf16", 1, 2, PL_TYPE_F32, bf16_to_f32, bf16_from_f32, dot_bf16, NULL};
     pl_vec.dot_f32 = pl_dot_f32_scalar;
     pl_vec.axpy_f32 = pl_axpy_f32_scalar;
+    pl_vec.softmax = pl_softmax_scalar;
+    pl_vec.swiglu = pl_swiglu_scalar;
     if (isa == PL_ISA_AVX2) pl_install_simd_avx2();
     if (isa == PL_ISA_AVX512) pl_install_simd_avx512();
     if (isa == PL_ISA_NEON) pl_install_simd_neon();

@@ -14,6 +14,7 @@ typedef struct {
     int n;
     float *logits;    /* (n, vocab) or (vocab) or NULL: no logits for this chunk */
     int all_logits;
+    int batch;        /* tokens of the whole call: picks the matmul path for every chunk alike */
 } forward_args;
 
 /* x += tmp (when the previous block left an output there), then out = rmsnorm(x) · w. */
@@ -60,7 +61,7 @@ static void forward_task(void *raw, int ith, int nth) {
         pl_matmul_out qkv[3] = {{&L->wq, s->q, qd, L->bq},
                                 {&L->wk, kc + (int64_t)pos0 * kvd, kvd, L->bk},
                                 {&L->wv, vc + (int64_t)pos0 * kvd, kvd, L->bv}};
-        pl_matmul(qkv, 3, s->xn, n, n, &s->mm, pool, ith, nth);
+        pl_matmul(qkv, 3, s->xn, n, a->batch, &s->mm, pool, ith, nth);
         pl_barrier(pool);
 
         for (int t = ith; t < n; t += nth) {
@@ -71,23 +72,27 @@ static void forward_task(void *raw, int ith, int nth) {
         }
         pl_barrier(pool);
 
-        pl_attention(m, s->q, kc, vc, pos0, n, L->sliding_window, s->att,
-                     s->scores + (int64_t)ith * s->n_ctx, ith, nth);
+        if (s->mm.sgemm && s->mm.per_thread_blas && a->batch >= PL_BLAS_MIN_TOKENS)
+            pl_attention_blas(m, s->q, kc, vc, pos0, n, L->sliding_window, s->att,
+                              s->scores + (int64_t)ith * PL_ATTN_QBLOCK * s->n_ctx, s->mm.sgemm, ith, nth);
+        else
+            pl_attention(m, s->q, kc, vc, pos0, n, L->sliding_window, s->att,
+                         s->scores + (int64_t)ith * s->n_ctx, ith, nth);
         pl_barrier(pool);
 
         pl_matmul_out o[1] = {{&L->wo, s->tmp, dim, NULL}};
-        pl_matmul(o, 1, s->att, n, n, &s->mm, pool, ith, nth);
+        pl_matmul(o, 1, s->att, n, a->batch, &s->mm, pool, ith, nth);
         pl_barrier(pool);
 
         residual_norm(a, 1, L->ffn_norm, 0, ith, nth);
         pl_barrier(pool);
 
-        pl_matmul_glu(&L->w_gate, &L->w_up, s->xn, n, n, m->activation, s->gate, s->up, m->ffn_dim,
+        pl_matmul_glu(&L->w_gate, &L->w_up, s->xn, n, a->batch, m->activation, s->gate, s->up, m->ffn_dim,
                       &s->mm, pool, ith, nth);
         pl_barrier(pool);
 
         pl_matmul_out d[1] = {{&L->w_down, s->tmp, dim, NULL}};
-        pl_matmul(d, 1, s->gate, n, n, &s->mm, pool, ith, nth);
+        pl_matmul(d, 1, s->gate, n, a->batch, &s->mm, pool, ith, nth);
         pl_barrier(pool);
     }
 
@@ -100,7 +105,7 @@ static void forward_task(void *raw, int ith, int nth) {
     residual_norm(a, 1, m->out_norm, first, ith, nth);
     pl_barrier(pool);
     pl_matmul_out head[1] = {{&m->lm_head, a->logits, m->vocab_size, NULL}};
-    pl_matmul(head, 1, s->xn + (int64_t)first * dim, n - first, n, &s->mm, pool, ith, nth);
+    pl_matmul(head, 1, s->xn + (int64_t)first * dim, n - first, a->batch, &s->mm, pool, ith, nth);
 }
 
 int pl_forward(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
@@ -115,8 +120,8 @@ int pl_forward(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tok
         int chunk = n - done < s->n_batch ? n - done : s->n_batch;
         int last = done + chunk == n;
         float *out = all_logits ? logits + (int64_t)done * m->vocab_size : (last ? logits : NULL);
-        forward_args a = {m, s, pool, tokens + done, chunk, out, all_logits};
-        int blas_chunk = s->mm.sgemm && s->mm.per_thread_blas && chunk >= PL_BLAS_MIN_TOKENS;
+        forward_args a = {m, s, pool, tokens + done, chunk, out, all_logits, n};
+        int blas_chunk = s->mm.sgemm && s->mm.per_thread_blas && n >= PL_BLAS_MIN_TOKENS;
         int blas_threads = blas_chunk ? m->blas.get_threads() : 0;
         if (blas_chunk) m->blas.set_threads(1);
         pl_pool_run(pool, forward_task, &a);

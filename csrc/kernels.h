@@ -42,13 +42,21 @@ int pl_install_simd_neon(void);
 void pl_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 void pl_rope(float *x, int n_heads, int head_dim, const float *cos, const float *sin,
              int interleaved);
-void pl_softmax(float *x, int n);
-void pl_swiglu(float *gate, const float *up, int n);
+void pl_softmax_scalar(float *x, int n);
+void pl_swiglu_scalar(float *gate, const float *up, int n);
+#define pl_softmax(x, n) pl_vec.softmax(x, n)
+#define pl_swiglu(g, u, n) pl_vec.swiglu(g, u, n)
 void pl_geglu_tanh(float *gate, const float *up, int n);
 
 /* Causal GQA attention of n queries at positions pos0.. over a layer's cache. */
 void pl_attention(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
                   int pos0, int n, int window, float *out, float *scores, int ith, int nth);
+
+/* The same for a prefill batch through sgemm; scores holds PL_ATTN_QBLOCK × n_ctx floats. */
+#define PL_ATTN_QBLOCK 64
+void pl_attention_blas(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
+                       int pos0, int n, int window, float *out, float *scores, pl_sgemm_fn sgemm,
+                       int ith, int nth);
 
 /* ---------------------------------------------------------------- matmul.c */
 
@@ -104,7 +112,7 @@ struct pl_state {
     float *tmp;            /* (n_batch, dim) a block's output before the residual add */
     float *gate;           /* (n_batch, ffn_dim) */
     float *up;             /* (n_batch, ffn_dim) */
-    float *scores;         /* (n_threads, n_ctx) */
+    float *scores;         /* (n_threads, n_ctx); (n_threads, PL_ATTN_QBLOCK, n_ctx) with sgemm */
     pl_matmul_scratch mm;  /* xq: (PL_MATMUL_MAX_OUTS, xq_region); wtile: (tile_floats) */
 };
 

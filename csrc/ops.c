@@ -27,7 +27,7 @@ void pl_rope(float *x, int n_heads, int head_dim, const float *cos, const float 
     }
 }
 
-void pl_softmax(float *x, int n) {
+void pl_softmax_scalar(float *x, int n) {
     float max = x[0];
     for (int i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
     float sum = 0.0f;
@@ -40,7 +40,7 @@ void pl_softmax(float *x, int n) {
 }
 
 /* gate = silu(gate) · up */
-void pl_swiglu(float *gate, const float *up, int n) {
+void pl_swiglu_scalar(float *gate, const float *up, int n) {
     for (int i = 0; i < n; i++) {
         float g = gate[i];
         gate[i] = g / (1.0f + expf(-g)) * up[i];

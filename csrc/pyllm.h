@@ -78,6 +78,8 @@ const char *pl_isa_name(int isa);
 typedef struct {
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n); /* y += a·x */
+    void (*softmax)(float *x, int n);                             /* in place */
+    void (*swiglu)(float *gate, const float *up, int n);          /* gate = silu(gate)·up */
 } pl_vec_kernels;
 extern pl_vec_kernels pl_vec;
 

@@ -107,7 +107,7 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
     s->tmp = alloc_aligned((size_t)n_batch * m->dim * f);
     s->gate = alloc_aligned((size_t)n_batch * m->ffn_dim * f);
     s->up = alloc_aligned((size_t)n_batch * m->ffn_dim * f);
-    s->scores = alloc_aligned((size_t)n_threads * n_ctx * f);
+    s->scores = alloc_aligned((size_t)n_threads * (m->sgemm ? PL_ATTN_QBLOCK : 1) * n_ctx * f);
 
     scratch_needs need = {n_batch, 0, 0, 0};
     for_each_weight(m, measure, &need);

@@ -24,6 +24,10 @@ cdef extern from "pyllm.h" nogil:
         pl_to_f32_fn to_f32
         pl_from_f32_fn from_f32
         pl_vec_dot_fn vec_dot
+    ctypedef struct pl_vec_kernels:
+        void (*softmax)(float *x, int n) noexcept nogil
+        void (*swiglu)(float *gate, const float *up, int n) noexcept nogil
+    pl_vec_kernels pl_vec
     const pl_type_traits *pl_traits(int type)
     int64_t pl_row_size(int type, int64_t n)
 
@@ -187,6 +191,26 @@ def vec_dot(int wtype, const unsigned char[::1] w, const unsigned char[::1] x, i
     if w.shape[0] < row_size(wtype, n) or x.shape[0] < row_size(t.vec_dot_type, n):
         raise ValueError("buffers shorter than n elements")
     return t.vec_dot(&w[0], &x[0], n)
+
+
+def softmax(const float[::1] x):
+    """The engine's softmax of a float32 vector (for tests of each ISA's kernel)."""
+    out = np.array(x, dtype=np.float32)
+    cdef float[::1] o = out
+    if o.shape[0]:
+        pl_vec.softmax(&o[0], <int>o.shape[0])
+    return out
+
+
+def swiglu(const float[::1] gate, const float[::1] up):
+    """silu(gate) · up through the engine's kernel (for tests of each ISA's kernel)."""
+    if gate.shape[0] != up.shape[0]:
+        raise ValueError("gate and up differ in length")
+    out = np.array(gate, dtype=np.float32)
+    cdef float[::1] o = out
+    if o.shape[0]:
+        pl_vec.swiglu(&o[0], &up[0], <int>o.shape[0])
+    return out
 
 
 cdef struct _matmul_job:

@@ -101,7 +101,7 @@ class Model:
         ids = self._check_ids(list(ids))
         self.reset()
         out = self._seq.forward(ids, all_logits=True)
-        self._cached = ids
+        self._cached = ids if self._paths_agree or len(ids) >= _core.BLAS_MIN_TOKENS else []
         return out
 
     def _prefill(self, ids: list[int]) -> np.ndarray:
@@ -112,13 +112,15 @@ class Model:
                 break
             common += 1
         common = min(common, len(ids) - 1)  # the last prompt token must run to give logits
-        if not self._paths_agree and len(ids) >= _core.BLAS_MIN_TOKENS:
-            # rerun enough of the tail that it goes through the batch path, as a fresh run would
-            common = min(common, len(ids) - _core.BLAS_MIN_TOKENS)
+        batched = len(ids) >= _core.BLAS_MIN_TOKENS
+        if not self._paths_agree:
+            # A fresh run of ids computes every position on the batch path (or none, if short):
+            # rerun at least a batch's worth of the tail, and keep only batch-path positions.
+            common = min(common, len(ids) - _core.BLAS_MIN_TOKENS) if batched else 0
         self._seq.truncate(common)
         self._cached = ids[:common]
         logits = self._seq.forward(ids[common:])
-        self._cached = list(ids)
+        self._cached = list(ids) if self._paths_agree or batched else []
         return logits
 
     def _step(self, token: int) -> np.ndarray:

@@ -85,6 +85,23 @@ def test_matmul_paths_match_numpy(isa, wtype, n_tokens, path, rng):
         np.testing.assert_allclose(y, x @ wf.T, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("n", [1, 7, 8, 64, 1000])
+def test_softmax_matches_float64(isa, n, rng):
+    x = (rng.standard_normal(n) * 20).astype(np.float32)
+    want = np.exp(x.astype(np.float64) - x.max())
+    want /= want.sum()
+    np.testing.assert_allclose(_core.softmax(x), want, rtol=2e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("n", [1, 9, 64, 1536])
+def test_swiglu_matches_float64(isa, n, rng):
+    g = (rng.standard_normal(n) * 8).astype(np.float32)
+    u = rng.standard_normal(n).astype(np.float32)
+    g64 = g.astype(np.float64)
+    want = g64 / (1 + np.exp(-g64)) * u
+    np.testing.assert_allclose(_core.swiglu(g, u), want, rtol=2e-6, atol=1e-7)
+
+
 def test_scipy_openblas_thread_control_is_found():
     """Without it prefill falls back to one sgemm caller; SciPy's wheels on Linux ship OpenBLAS."""
     import sys
