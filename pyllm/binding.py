@@ -147,5 +147,9 @@ def build_core(
         "embed_scale": spec.embed_scale, "activation": {"silu": 0, "gelu_tanh": 1}[spec.activation],
         "rope_interleaved": int(spec.rope_interleaved),
     }
-    return _core.CoreModel(hparams, mats, vecs, list(spec.sliding_windows), (keep, b.owned), threads,
-                           use_blas, openblas_thread_controls())
+    # Once every matrix has been re-encoded the file's mapping is not needed: dropping it lets
+    # quantize-on-load end with the quantized bytes resident, not the file's as well.
+    mapped = [m for m in mats.values() if not any(m[3] == int(a.ctypes.data) for a in b.owned.values())]
+    return _core.CoreModel(hparams, mats, vecs, list(spec.sliding_windows),
+                           (keep if mapped else None, b.owned), threads, use_blas,
+                           openblas_thread_controls())

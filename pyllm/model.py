@@ -17,6 +17,7 @@ from .binding import build_core, parse_dtype, to_float32
 from .dtypes import WeightType
 from .errors import ContextLengthError, FormatError
 from .formats.gguf import GGUFFile
+from .formats.mapped import WeightSummary
 from .formats.safetensors import open_checkpoint
 from .chat import ChatTemplateError, render_chat
 from .generation import Completion, StopMatcher, Stream
@@ -34,7 +35,7 @@ class Model:
     def __init__(self, core: _core.CoreModel, spec: ModelSpec, tokenizer: Tokenizer, n_ctx: int,
                  source: str, eos_ids: set[int], weights: dict | None = None):
         self.spec = spec
-        self.weights = weights or {}  # tensor name -> TensorInfo, as stored in the file
+        self.weights = weights or {}  # tensor name -> WeightSummary, as stored in the file
         self.tokenizer = tokenizer
         self.source = source
         self.eos_ids = eos_ids
@@ -309,7 +310,7 @@ def _load_folder(folder: str, threads: int, dtype):
     eos = _eos_from(config) | _eos_from(_read_config(folder, "generation_config.json"))
     if tokenizer.eos_id is not None:
         eos.add(tokenizer.eos_id)
-    return core, spec, tokenizer, eos, checkpoint.tensors
+    return core, spec, tokenizer, eos, {n: WeightSummary.of(t) for n, t in checkpoint.tensors.items()}
 
 
 def _load_gguf(path: str, threads: int, dtype):
@@ -330,7 +331,7 @@ def _load_gguf(path: str, threads: int, dtype):
                           chat_template=info.chat_template)
     tokenizer.bos_token = info.tokenizer.id_to_token(info.bos_id) if info.bos_id is not None else None
     tokenizer.eos_token = info.tokenizer.id_to_token(info.eos_id) if info.eos_id is not None else None
-    return core, spec, tokenizer, set(info.eos_ids), gguf.tensors
+    return core, spec, tokenizer, set(info.eos_ids), {n: WeightSummary.of(t) for n, t in gguf.tensors.items()}
 
 
 def load(source, *, threads: int | None = None, n_ctx: int | None = None,

@@ -49,21 +49,36 @@ def test_teacher_forced_argmax_agrees_with_transformers(smollm2, smollm2_folder)
     assert np.abs(ours - theirs).max() < 5e-2
 
 
-def test_weights_stay_in_the_mapping(smollm2_folder):
-    """Loading and running maps the file instead of copying it: RSS grows by about its size."""
+def _rss_growth(folder: str, load_args: str) -> int:
+    """Bytes of RSS a fresh process gains by loading the model and generating a few tokens."""
     script = (
-        "import os, pyllm\n"
+        "import gc, pyllm\n"
         "def rss():\n"
         "    for line in open('/proc/self/status'):\n"
         "        if line.startswith('VmRSS'): return int(line.split()[1]) * 1024\n"
         "before = rss()\n"
-        f"llm = pyllm.load({smollm2_folder!r}, threads=2)\n"
+        f"llm = pyllm.load({folder!r}, threads=2{load_args})\n"
         "llm.generate('Hello', max_tokens=4)\n"
+        "gc.collect()\n"
         "print(rss() - before)\n"
     )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1])
+
+
+def test_weights_stay_in_the_mapping(smollm2_folder):
+    """Loading and running maps the file instead of copying it: RSS grows by about its size."""
     if not os.path.exists("/proc/self/status"):
         pytest.skip("needs /proc to read RSS")
-    grown = int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                               check=True).stdout.split()[-1])
     size = os.path.getsize(os.path.join(smollm2_folder, "model.safetensors"))
+    grown = _rss_growth(smollm2_folder, "")
     assert grown < 1.4 * size, (grown, size)
+
+
+def test_quantize_on_load_keeps_only_the_quantized_bytes(smollm2_folder):
+    """Once every matrix is re-encoded the bf16 mapping is released."""
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("needs /proc to read RSS")
+    size = os.path.getsize(os.path.join(smollm2_folder, "model.safetensors"))
+    grown = _rss_growth(smollm2_folder, ", dtype='q8_0'")
+    assert grown < 0.8 * size, (grown, size)  # q8_0 is 8.5/16 of bf16, plus buffers

@@ -58,3 +58,17 @@ class TensorInfo:
 
     def bytes(self) -> np.ndarray:
         return self.file.array(self.offset, self.nbytes)
+
+
+@dataclass(frozen=True)
+class WeightSummary:
+    """What a file held for one tensor, without holding the file open."""
+
+    name: str
+    wtype: WeightType
+    shape: tuple[int, ...]
+    nbytes: int
+
+    @classmethod
+    def of(cls, info: TensorInfo) -> "WeightSummary":
+        return cls(info.name, info.wtype, tuple(info.shape), info.nbytes)
