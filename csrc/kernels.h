@@ -22,11 +22,6 @@
 #else
 #define PL_TARGET(s)
 #endif
-#if defined(__GNUC__) || defined(__clang__)
-#define PL_PREFETCH(p) __builtin_prefetch(p, 0, 0)
-#else
-#define PL_PREFETCH(p) ((void)(p))
-#endif
 #define PL_TARGET_AVX2 PL_TARGET("avx2,fma,f16c")
 #define PL_TARGET_AVX512 PL_TARGET("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 

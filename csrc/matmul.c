@@ -117,10 +117,6 @@ static void dot_rows(const pl_matmul_out *o, int64_t lo, int64_t hi, const void 
     int64_t wrow = pl_row_size(w->type, w->cols);
     for (int64_t r = lo; r < hi; r++) {
         const void *wr = (const char *)w->data + r * wrow;
-        /* Rows are short (a few hundred bytes): ask for the one after next before it is needed,
-         * the hardware prefetcher ramps up too slowly across so many small rows. */
-        if (r + 2 < hi)
-            for (int64_t off = 0; off < wrow; off += 64) PL_PREFETCH((const char *)wr + 2 * wrow + off);
         float b = o->bias ? o->bias[r] : 0.0f;
         for (int tok = 0; tok < n; tok++)
             o->y[tok * o->ldy + r] = dot(wr, (const char *)xv + tok * xrow, w->cols) + b;
