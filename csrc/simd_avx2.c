@@ -163,59 +163,5 @@ int pl_install_simd_avx2(void) {
 }
 
 #else
-/* e^x for x in [-87, 88], relative error ~2e-7: x = n·ln2 + r, e^r by a degree-6 polynomial. */
-PL_TARGET_AVX2 static inline __m256 exp256(__m256 x) {
-    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3f)), _mm256_set1_ps(-87.3f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-PL_TARGET_AVX2 static void softmax_avx2(float *x, int n) {
-    int i = 0;
-    __m256 vmax = _mm256_set1_ps(-INFINITY);
-    for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    float max = _mm_cvtss_f32(m4);
-    for (; i < n; i++) max = x[i] > max ? x[i] : max;
-    __m256 vm = _mm256_set1_ps(max), vsum = _mm256_setzero_ps();
-    for (i = 0; i + 8 <= n; i += 8) {
-        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
-        _mm256_storeu_ps(x + i, e);
-        vsum = _mm256_add_ps(vsum, e);
-    }
-    float sum = hsum256(vsum);
-    for (; i < n; i++) {
-        x[i] = expf(x[i] - max);
-        sum += x[i];
-    }
-    __m256 inv = _mm256_set1_ps(1.0f / sum);
-    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
-    for (; i < n; i++) x[i] *= 1.0f / sum;
-}
-
-PL_TARGET_AVX2 static void swiglu_avx2(float *gate, const float *up, int n) {
-    int i = 0;
-    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8) {
-        __m256 g = _mm256_loadu_ps(gate + i);
-        __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, g))));
-        _mm256_storeu_ps(gate + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
-    }
-    for (; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-}
-
 int pl_install_simd_avx2(void) { return 0; }
 #endif
