@@ -442,6 +442,54 @@ PL_TARGET_AVX2 static void quantize_q8_K_avx2(const float *x, void *dst, int64_t
     }
 }
 
+/* ================================================================ dequantize (prefill tiles)
+ * Products and sums in the order the scalar references use (no fused multiply-add), so every ISA
+ * widens to the same bits. */
+
+PL_TARGET_AVX2 static inline __m256 u8x8_to_ps(__m128i v) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+}
+
+PL_TARGET_AVX2 static void q4_0_to_f32_avx2(const void *src, float *y, int64_t n) {
+    const pl_block_q4_0 *b = src;
+    const __m128i low = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    for (int64_t i = 0; i < n / QK; i++, y += QK) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        __m128i q = _mm_loadu_si128((const __m128i *)b[i].qs);
+        __m128i lo = _mm_sub_epi8(_mm_and_si128(q, low), eight);
+        __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low), eight);
+        _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d));
+        _mm256_storeu_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d));
+        _mm256_storeu_ps(y + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d));
+        _mm256_storeu_ps(y + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d));
+    }
+}
+
+PL_TARGET_AVX2 static void q4_1_to_f32_avx2(const void *src, float *y, int64_t n) {
+    const pl_block_q4_1 *b = src;
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (int64_t i = 0; i < n / QK; i++, y += QK) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d)), m = _mm256_set1_ps(_cvtsh_ss(b[i].m));
+        __m128i q = _mm_loadu_si128((const __m128i *)b[i].qs);
+        __m128i lo = _mm_and_si128(q, low), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
+        _mm256_storeu_ps(y, _mm256_add_ps(_mm256_mul_ps(u8x8_to_ps(lo), d), m));
+        _mm256_storeu_ps(y + 8, _mm256_add_ps(_mm256_mul_ps(u8x8_to_ps(_mm_srli_si128(lo, 8)), d), m));
+        _mm256_storeu_ps(y + 16, _mm256_add_ps(_mm256_mul_ps(u8x8_to_ps(hi), d), m));
+        _mm256_storeu_ps(y + 24, _mm256_add_ps(_mm256_mul_ps(u8x8_to_ps(_mm_srli_si128(hi, 8)), d), m));
+    }
+}
+
+PL_TARGET_AVX2 static void q8_0_to_f32_avx2(const void *src, float *y, int64_t n) {
+    const pl_block_q8_0 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, y += QK) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        for (int j = 0; j < QK; j += 8) {
+            __m128i q = _mm_loadl_epi64((const __m128i *)(b[i].qs + j));
+            _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
+        }
+    }
+}
+
 int pl_install_quants_avx2(void) {
     pl_traits_slot(PL_TYPE_Q4_0)->vec_dot = vec_dot_q4_0_q8_0_avx2;
     pl_traits_slot(PL_TYPE_Q4_1)->vec_dot = vec_dot_q4_1_q8_1_avx2;
@@ -454,6 +502,9 @@ int pl_install_quants_avx2(void) {
     pl_traits_slot(PL_TYPE_Q8_0)->from_f32 = quantize_q8_0_avx2;
     pl_traits_slot(PL_TYPE_Q8_1)->from_f32 = quantize_q8_1_avx2;
     pl_traits_slot(PL_TYPE_Q8_K)->from_f32 = quantize_q8_K_avx2;
+    pl_traits_slot(PL_TYPE_Q4_0)->to_f32 = q4_0_to_f32_avx2;
+    pl_traits_slot(PL_TYPE_Q4_1)->to_f32 = q4_1_to_f32_avx2;
+    pl_traits_slot(PL_TYPE_Q8_0)->to_f32 = q8_0_to_f32_avx2;
     return 1;
 }
 

@@ -5,7 +5,6 @@ cache processes only the new ones; anything else starts the cache over from the 
 """
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 
@@ -17,6 +16,7 @@ from .binding import build_core, parse_dtype, to_float32
 from .dtypes import WeightType
 from .errors import ContextLengthError, FormatError
 from .formats.gguf import GGUFFile
+from .formats.json_files import read_json_object
 from .formats.mapped import WeightSummary
 from .formats.safetensors import open_checkpoint
 from .chat import ChatTemplateError, render_chat
@@ -276,17 +276,7 @@ def _sampling_params(sampling: SamplingParams | None, params: dict) -> SamplingP
 
 
 def _read_config(folder: str, name: str) -> dict:
-    path = os.path.join(folder, name)
-    if not os.path.exists(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise FormatError(path, f"not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise FormatError(path, "expected a JSON object")
-    return data
+    return read_json_object(os.path.join(folder, name))
 
 
 def _eos_from(config: dict) -> set[int]:

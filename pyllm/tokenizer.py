@@ -5,13 +5,13 @@ when it states them, else tokenizer.json's post-processor — what transformers 
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
 import tokenizers
 
 from .errors import FormatError
+from .formats.json_files import read_json_object
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Tokenizer:
             hf = tokenizers.Tokenizer.from_file(path)
         except Exception as e:  # the library raises a bare Exception on a bad file
             raise FormatError(path, f"cannot read the tokenizer: {e}") from None
-        config = _read_json(os.path.join(folder, "tokenizer_config.json"))
+        config = read_json_object(os.path.join(folder, "tokenizer_config.json"))
         tok = cls(hf=hf)
         tok.bos_token = _token_text(config.get("bos_token"))
         tok.eos_token = _token_text(config.get("eos_token"))
@@ -71,17 +71,6 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special)
-
-
-def _read_json(path: str) -> dict:
-    if not os.path.exists(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise FormatError(path, f"not valid JSON: {e}") from None
-    return data if isinstance(data, dict) else {}
 
 
 def _token_text(value) -> str | None:

@@ -220,9 +220,10 @@ def test_block_sizes_match_ggml_layouts(t):
 # ---------------------------------------------------------------- dequantization
 
 
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
 @pytest.mark.parametrize("extreme", [False, True], ids=["normal_scales", "extreme_scales"])
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
-def test_dequantize_matches_numpy_reference_bit_exactly(t, extreme):
+def test_dequantize_matches_numpy_reference_bit_exactly(t, extreme, isa):
     rng = np.random.default_rng(int(t) * 7 + extreme)
     nb = 64
     data = random_blocks(t, nb, rng, extreme)
