@@ -106,7 +106,6 @@ def build_core(
     keep: object,
     threads: int,
     use_blas: bool = True,
-    norm_offset: float = 0.0,
     dtype: WeightType | None = None,
 ) -> _core.CoreModel:
     """The C model for spec over tensors named by names (global map, per-layer map); keep owns
@@ -136,10 +135,6 @@ def build_core(
         for slot, n in (("bq", qd), ("bk", kvd), ("bv", kvd)):
             if slot in names:
                 vecs[p + slot] = b.vector(names[slot].format(i=i), n, optional=not spec.qkv_bias)
-    if norm_offset:
-        for key, arr in vecs.items():
-            if key.endswith("norm") and arr is not None:
-                arr += np.float32(norm_offset)
     hparams = {
         "n_layers": spec.n_layers, "dim": spec.dim, "n_heads": spec.n_heads,
         "n_kv_heads": spec.n_kv_heads, "head_dim": spec.head_dim, "ffn_dim": spec.ffn_dim,
@@ -149,7 +144,8 @@ def build_core(
     }
     # Once every matrix has been re-encoded the file's mapping is not needed: dropping it lets
     # quantize-on-load end with the quantized bytes resident, not the file's as well.
-    mapped = [m for m in mats.values() if not any(m[3] == int(a.ctypes.data) for a in b.owned.values())]
+    owned = {int(a.ctypes.data) for a in b.owned.values()}
+    mapped = [m for m in mats.values() if m[3] not in owned]
     return _core.CoreModel(hparams, mats, vecs, list(spec.sliding_windows),
                            (keep if mapped else None, b.owned), threads, use_blas,
                            openblas_thread_controls())
