@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from .arch.spec import as_float
 from .errors import UnsupportedModelError
 
 
@@ -20,10 +21,13 @@ def default_inv_freq(head_dim: int, theta: float) -> np.ndarray:
 
 def llama3_inv_freq(inv_freq: np.ndarray, scaling: dict) -> np.ndarray:
     """Llama 3.1's scaling: low frequencies divided by factor, high kept, a smooth blend between."""
-    factor = float(scaling["factor"])
-    low_freq_factor = float(scaling.get("low_freq_factor", 1.0))
-    high_freq_factor = float(scaling.get("high_freq_factor", 4.0))
-    old_context = float(scaling.get("original_max_position_embeddings", 8192))
+    factor = as_float(scaling.get("factor"), "rope factor")
+    low_freq_factor = as_float(scaling.get("low_freq_factor", 1.0), "low_freq_factor")
+    high_freq_factor = as_float(scaling.get("high_freq_factor", 4.0), "high_freq_factor")
+    old_context = as_float(scaling.get("original_max_position_embeddings", 8192),
+                           "original_max_position_embeddings")
+    if high_freq_factor <= low_freq_factor:
+        raise ValueError(f"high_freq_factor {high_freq_factor} must exceed low_freq_factor {low_freq_factor}")
     low_freq_wavelen = old_context / low_freq_factor
     high_freq_wavelen = old_context / high_freq_factor
     wavelen = 2 * math.pi / inv_freq
@@ -56,11 +60,11 @@ def rope_parameters(config: dict) -> dict:
 def inv_freq(head_dim: int, params: dict) -> np.ndarray:
     """Frequencies for head_dim / 2 rotary pairs under the rope parameters given."""
     kind = params["rope_type"]
-    base = default_inv_freq(head_dim, float(params["rope_theta"]))
+    base = default_inv_freq(head_dim, as_float(params["rope_theta"], "rope_theta"))
     if kind == "default":
         return base
     if kind == "linear":
-        return (base / np.float32(params["factor"])).astype(np.float32)
+        return (base / np.float32(as_float(params.get("factor"), "rope factor"))).astype(np.float32)
     if kind == "llama3":
         return llama3_inv_freq(base, params)
     raise UnsupportedModelError(f"rope scaling {kind!r} is not supported (default, linear, llama3 are)")

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import rope
 from ..errors import UnsupportedModelError
-from .spec import ModelSpec
+from .spec import MAX_LAYERS, MAX_VOCAB, ModelSpec, as_float, as_int
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 GGUF_ARCHITECTURES = ("llama",)
@@ -25,11 +25,11 @@ def _eos_ids(value) -> list[int]:
 
 def spec_from_config(config: dict) -> ModelSpec:
     """Reads the hyper-parameters from a transformers config.json dict."""
-    dim = int(config["hidden_size"])
-    n_heads = int(config["num_attention_heads"])
-    head_dim = int(config.get("head_dim") or dim // n_heads)
-    n_layers = int(config["num_hidden_layers"])
-    window = config.get("sliding_window") or 0
+    dim = as_int(config.get("hidden_size"), "hidden_size")
+    n_heads = as_int(config.get("num_attention_heads"), "num_attention_heads")
+    head_dim = as_int(config.get("head_dim") or dim // n_heads, "head_dim")
+    n_layers = as_int(config.get("num_hidden_layers"), "num_hidden_layers", high=MAX_LAYERS)
+    window = as_int(config.get("sliding_window") or 0, "sliding_window", low=0, high=1 << 31)
     if config.get("use_sliding_window") is False:
         window = 0
     params = rope.rope_parameters(config)
@@ -38,17 +38,17 @@ def spec_from_config(config: dict) -> ModelSpec:
         n_layers=n_layers,
         dim=dim,
         n_heads=n_heads,
-        n_kv_heads=int(config.get("num_key_value_heads") or n_heads),
+        n_kv_heads=as_int(config.get("num_key_value_heads") or n_heads, "num_key_value_heads"),
         head_dim=head_dim,
-        ffn_dim=int(config["intermediate_size"]),
-        vocab_size=int(config["vocab_size"]),
-        max_seq_len=int(config.get("max_position_embeddings", 2048)),
-        norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        ffn_dim=as_int(config.get("intermediate_size"), "intermediate_size"),
+        vocab_size=as_int(config.get("vocab_size"), "vocab_size", high=MAX_VOCAB),
+        max_seq_len=as_int(config.get("max_position_embeddings", 2048), "max_position_embeddings", high=1 << 40),
+        norm_eps=as_float(config.get("rms_norm_eps", 1e-6), "rms_norm_eps"),
         rope_inv_freq=rope.inv_freq(head_dim, params),
         rope_interleaved=False,
         attn_scale=1.0 / math.sqrt(head_dim),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        sliding_windows=[int(window)] * n_layers,
+        sliding_windows=[window] * n_layers,
         qkv_bias=bool(config.get("attention_bias", False)),
         eos_token_ids=_eos_ids(config.get("eos_token_id")),
         bos_token_id=config.get("bos_token_id"),
@@ -93,36 +93,37 @@ def spec_from_gguf(meta: dict, tensor_shapes: dict[str, tuple[int, ...]], arch: 
             raise KeyError(f"{arch}.{name}")
         return value
 
-    dim = int(key("embedding_length"))
-    n_heads = int(key("attention.head_count"))
-    n_kv = key("attention.head_count_kv", n_heads)
-    head_dim = int(key("attention.key_length", dim // n_heads))
-    n_layers = int(key("block_count"))
-    if int(key("rope.dimension_count", head_dim)) != head_dim:
+    dim = as_int(key("embedding_length"), f"{arch}.embedding_length")
+    n_heads = as_int(key("attention.head_count"), f"{arch}.attention.head_count")
+    n_kv = as_int(key("attention.head_count_kv", n_heads), f"{arch}.attention.head_count_kv")
+    head_dim = as_int(key("attention.key_length", dim // n_heads), f"{arch}.attention.key_length")
+    n_layers = as_int(key("block_count"), f"{arch}.block_count", high=MAX_LAYERS)
+    if key("rope.dimension_count", head_dim) != head_dim:
         raise UnsupportedModelError("partial rotary embeddings are not supported")
     scaling = meta.get(f"{arch}.rope.scaling.type") or "none"
-    params = {"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0))}
+    params = {"rope_type": "default", "rope_theta": key("rope.freq_base", 10000.0)}
     if scaling == "linear":
-        params.update(rope_type="linear", factor=float(key("rope.scaling.factor")))
+        params.update(rope_type="linear", factor=key("rope.scaling.factor"))
     elif scaling != "none":
         raise UnsupportedModelError(f"rope scaling {scaling!r} is not supported")
     inv_freq = rope.inv_freq(head_dim, params)
     tokens = meta.get("tokenizer.ggml.tokens")
-    vocab = int(meta.get(f"{arch}.vocab_size") or (len(tokens) if tokens is not None else 0)
-                or tensor_shapes["token_embd.weight"][0])
-    ffn = int(key("feed_forward_length"))
-    window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
+    vocab = as_int(meta.get(f"{arch}.vocab_size") or (len(tokens) if tokens is not None else 0)
+                   or tensor_shapes["token_embd.weight"][0], f"{arch}.vocab_size", high=MAX_VOCAB)
+    ffn = as_int(key("feed_forward_length"), f"{arch}.feed_forward_length")
+    window = as_int(meta.get(f"{arch}.attention.sliding_window") or 0, f"{arch}.attention.sliding_window",
+                    low=0, high=1 << 31)
     spec = ModelSpec(
         family="llama",
         n_layers=n_layers,
         dim=dim,
         n_heads=n_heads,
-        n_kv_heads=int(n_kv),
+        n_kv_heads=n_kv,
         head_dim=head_dim,
         ffn_dim=ffn,
         vocab_size=vocab,
-        max_seq_len=int(key("context_length", 2048)),
-        norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        max_seq_len=as_int(key("context_length", 2048), f"{arch}.context_length", high=1 << 40),
+        norm_eps=as_float(key("attention.layer_norm_rms_epsilon", 1e-5), f"{arch}.attention.layer_norm_rms_epsilon"),
         rope_inv_freq=inv_freq,
         rope_interleaved=True,
         attn_scale=1.0 / math.sqrt(head_dim),

@@ -1,9 +1,34 @@
 """ModelSpec: an architecture as data — hyper-parameters and the flags the C forward reads."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+# Far above any real model, low enough that nothing sized from these values can exhaust memory
+# before the tensor shapes (which a file must really hold) are checked against them.
+MAX_SIZE = 1 << 20
+MAX_LAYERS = 4096
+MAX_VOCAB = 1 << 24
+
+
+def as_int(value, name: str, low: int = 1, high: int = MAX_SIZE) -> int:
+    """A hyper-parameter that must be a whole number in [low, high] (JSON may spell it 64.0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    if not math.isfinite(value) or value != int(value) or not low <= int(value) <= high:
+        raise ValueError(f"{name} must be a whole number in [{low}, {high}], got {value!r}")
+    return int(value)
+
+
+def as_float(value, name: str, positive: bool = True) -> float:
+    """A real hyper-parameter: finite, and > 0 unless positive=False."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or (positive and value <= 0):
+        raise ValueError(f"{name} must be a finite{' positive' if positive else ''} number, got {value!r}")
+    return float(value)
 
 
 @dataclass
