@@ -8,6 +8,8 @@ from libc.stdint cimport int32_t, int64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 
+import threading
+
 import numpy as np
 
 from scipy.linalg.cython_blas cimport sgemm as scipy_sgemm
@@ -331,6 +333,12 @@ cdef pl_tensor _tensor(tuple spec):
     return t
 
 
+# One forward at a time in the process: a thread pool runs one job at a time, a sequence's cache is
+# written in place, and the BLAS thread count that prefill lowers and restores is process-wide.
+# Python threads sharing a model queue here (the wait releases the GIL) instead of racing in C.
+_forward_lock = threading.Lock()
+
+
 cdef class CoreModel:
     """The C model struct over weights in place, and the thread pool that runs it.
 
@@ -441,7 +449,10 @@ cdef class CoreSequence:
 
     def truncate(self, int pos):
         """Forgets every cached position from pos on."""
-        if pl_state_truncate(self.s, pos) != 0:
+        cdef int rc
+        with _forward_lock:
+            rc = pl_state_truncate(self.s, pos)
+        if rc != 0:
             raise ValueError(f"cannot truncate to {pos}: the cache holds {pl_state_pos(self.s)} tokens")
 
     def forward(self, tokens, bint all_logits=False):
@@ -455,8 +466,9 @@ cdef class CoreSequence:
         out = np.empty([n, vocab] if all_logits else [vocab], dtype=np.float32)
         cdef float[::1] ov = out.reshape(-1)
         cdef int rc
-        with nogil:
-            rc = pl_forward(&self.model.m, self.s, self.model.pool, &tv[0], n, &ov[0], all_logits)
+        with _forward_lock:
+            with nogil:
+                rc = pl_forward(&self.model.m, self.s, self.model.pool, &tv[0], n, &ov[0], all_logits)
         if rc == 1:
             raise ValueError(f"a token id is outside [0, {vocab})")
         if rc == 2:

@@ -6,6 +6,7 @@ cache processes only the new ones; anything else starts the cache over from the 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -42,6 +43,10 @@ class Model:
         self._core = core
         self._seq = _core.CoreSequence(core, n_ctx)
         self._cached: list[int] = []  # the ids whose keys/values are in the cache
+        # Generations interleave (two streams, or threads sharing the model): each step runs under
+        # the lock, and a generation whose cache another one replaced runs its context again.
+        self._lock = threading.RLock()
+        self._owner: object | None = None  # the generation whose context the cache holds
         # Quantized weights multiply 8-bit activations when decoding one token but float32 ones in
         # a prefill batch, so a token's keys/values depend on how it was run. For such models the
         # cache keeps only what a fresh prefill would have computed the same way.
@@ -78,8 +83,10 @@ class Model:
 
     def reset(self) -> None:
         """Empties the cache."""
-        self._seq.truncate(0)
-        self._cached = []
+        with self._lock:
+            self._seq.truncate(0)
+            self._cached = []
+            self._owner = None
 
     def _check_ids(self, ids: list[int]) -> list[int]:
         ids = [int(i) for i in ids]
@@ -100,35 +107,38 @@ class Model:
         (3, 49152)
         """
         ids = self._check_ids(list(ids))
-        self.reset()
-        out = self._seq.forward(ids, all_logits=True)
-        self._cached = ids if self._paths_agree or len(ids) >= _core.BLAS_MIN_TOKENS else []
-        return out
+        with self._lock:
+            self.reset()
+            out = self._seq.forward(ids, all_logits=True)
+            self._cached = ids if self._paths_agree or len(ids) >= _core.BLAS_MIN_TOKENS else []
+            return out
 
     def _prefill(self, ids: list[int]) -> np.ndarray:
         """Logits after ids, reusing the cached prefix they share with the last call."""
-        common = 0
-        for a, b in zip(self._cached, ids):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(ids) - 1)  # the last prompt token must run to give logits
-        batched = len(ids) >= _core.BLAS_MIN_TOKENS
-        if not self._paths_agree:
-            # A fresh run of ids computes every position on the batch path (or none, if short):
-            # rerun at least a batch's worth of the tail, and keep only batch-path positions.
-            common = min(common, len(ids) - _core.BLAS_MIN_TOKENS) if batched else 0
-        self._seq.truncate(common)
-        self._cached = ids[:common]
-        logits = self._seq.forward(ids[common:])
-        self._cached = list(ids) if self._paths_agree or batched else []
-        return logits
+        with self._lock:
+            common = 0
+            for a, b in zip(self._cached, ids):
+                if a != b:
+                    break
+                common += 1
+            common = min(common, len(ids) - 1)  # the last prompt token must run to give logits
+            batched = len(ids) >= _core.BLAS_MIN_TOKENS
+            if not self._paths_agree:
+                # A fresh run of ids computes every position on the batch path (or none, if short):
+                # rerun at least a batch's worth of the tail, and keep only batch-path positions.
+                common = min(common, len(ids) - _core.BLAS_MIN_TOKENS) if batched else 0
+            self._seq.truncate(common)
+            self._cached = ids[:common]
+            logits = self._seq.forward(ids[common:])
+            self._cached = list(ids) if self._paths_agree or batched else []
+            return logits
 
     def _step(self, token: int) -> np.ndarray:
-        logits = self._seq.forward([token])
-        if self._paths_agree:  # else decoded keys/values are not reusable (see __init__)
-            self._cached.append(token)
-        return logits
+        with self._lock:
+            logits = self._seq.forward([token])
+            if self._paths_agree:  # else decoded keys/values are not reusable (see __init__)
+                self._cached.append(token)
+            return logits
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -149,7 +159,10 @@ class Model:
         state["finish_reason"] = "length"
         if max_tokens == 0:
             return
-        logits = self._prefill(ids)
+        owner = object()
+        with self._lock:
+            logits = self._prefill(ids)
+            self._owner = owner
         generated: list[int] = []
         while True:
             token = sampler.sample(logits, ids, generated)
@@ -158,9 +171,14 @@ class Model:
                 return
             generated.append(token)
             yield token, (self._logprob_entry(logits, token, logprobs) if logprobs is not None else None)
-            if len(generated) == max_tokens or self._seq.pos >= self.n_ctx:
+            if len(generated) == max_tokens or len(ids) + len(generated) > self.n_ctx:  # no room to run it
                 return
-            logits = self._step(token)
+            with self._lock:
+                if self._owner is owner:
+                    logits = self._step(token)
+                else:  # another generation used the cache since our last step
+                    logits = self._prefill(ids + generated)
+                    self._owner = owner
 
     def _logprob_entry(self, logits: np.ndarray, token: int, top: int) -> dict:
         """The token's log-probability under the model's own distribution (before any sampling

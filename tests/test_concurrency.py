@@ -1,0 +1,70 @@
+"""Generations that share one model: interleaved streams, logits() between steps and Python threads
+each get what they would get alone, and nothing races inside the C core."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import pyllm
+
+from conftest import make_tiny_checkpoint
+
+PROMPTS = [[5, 17, 42, 9], [100, 3, 250, 77, 12, 8], [64, 64, 2], [300, 1, 150]]
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    return pyllm.load(make_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny"))), threads=2)
+
+
+def alone(llm, prompt, **params):
+    llm.reset()
+    return llm.generate(prompt, max_tokens=12, **params).token_ids
+
+
+def test_interleaved_streams_each_continue_their_own_prompt(llm):
+    expected = [alone(llm, p) for p in PROMPTS[:2]]
+    streams = [llm.stream(p, max_tokens=12) for p in PROMPTS[:2]]
+    live = list(streams)
+    while live:  # one token of each in turn
+        for s in list(live):
+            try:
+                next(s)
+            except StopIteration:
+                live.remove(s)
+    assert [s.completion.token_ids for s in streams] == expected
+
+
+def test_logits_between_the_steps_of_a_stream_do_not_change_it(llm):
+    expected = alone(llm, PROMPTS[0])
+    stream = llm.stream(PROMPTS[0], max_tokens=12)
+    next(stream)
+    other = llm.logits(PROMPTS[1])
+    for _ in stream:
+        pass
+    assert stream.completion.token_ids == expected
+    assert np.abs(llm.logits(PROMPTS[1]) - other).max() <= 1e-4
+
+
+def test_threads_sharing_a_model_get_what_each_would_alone(llm):
+    settings = [dict(temperature=0.9, seed=i) for i in range(len(PROMPTS))]
+    expected = [alone(llm, p, **kw) for p, kw in zip(PROMPTS, settings)]
+    results: dict[int, list[list[int]]] = {i: [] for i in range(len(PROMPTS))}
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(3):
+                results[i].append(llm.generate(PROMPTS[i], max_tokens=12, **settings[i]).token_ids)
+        except Exception as e:  # surfaced by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert all(results[i] == [expected[i]] * 3 for i in range(len(PROMPTS)))
