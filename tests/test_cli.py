@@ -87,3 +87,14 @@ def test_chat_on_a_terminal_two_turns_ctrl_c_and_ctrl_d(smollm2_gguf):
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def test_output_cut_short_by_its_reader_ends_quietly(tiny_folder):
+    """`pyllm run ... | head -c 1`: no traceback when the pipe closes."""
+    proc = subprocess.Popen([sys.executable, "-m", "pyllm", "run", tiny_folder, "the license",
+                             "--max-tokens", "64"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(1)
+    proc.stdout.close()  # the reader goes away while tokens are still coming
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) in (0, 141)
+    assert "Traceback" not in stderr, stderr
