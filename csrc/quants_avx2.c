@@ -67,45 +67,96 @@ PL_TARGET_AVX2 static inline __m256i dot_s8s8(__m256i x, __m256i y) {
 /* Eight blocks' i32 lanes (hadd-ed in pairs: h0 = hadd(s0, s1), …) → one vector of their 8 sums. */
 PL_TARGET_AVX2 static inline __m256i sums_of_8(__m256i h0, __m256i h1, __m256i h2, __m256i h3) {
     __m256i a = _mm256_hadd_epi32(h0, h1), b = _mm256_hadd_epi32(h2, h3);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+    return _mm256_add_epi32(_mm256_blend_epi32(a, b, 0xF0), _mm256_permute2x128_si256(a, b, 0x21));
 }
 
-/* Eight f16 (f32) fields, one a block, as a vector. */
+/* Eight f16 fields, one a block, as a vector. */
 PL_TARGET_AVX2 static inline __m256 f16_fields(const void *first, size_t stride) {
     uint16_t h[8];
     for (int k = 0; k < 8; k++) memcpy(&h[k], (const char *)first + k * stride, 2);
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
 
-PL_TARGET_AVX2 static inline __m256 f32_fields(const void *first, size_t stride) {
-    float f[8];
-    for (int k = 0; k < 8; k++) memcpy(&f[k], (const char *)first + k * stride, 4);
-    return _mm256_loadu_ps(f);
+/* The first 16 bytes of block a in the low lane, of block b in the high one. */
+PL_TARGET_AVX2 static inline __m256i load_2x16(const void *a, const void *b) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                   _mm_loadu_si128((const __m128i *)b), 1);
 }
 
-/* Blocks eight at a time: their integer sums reduced to one vector, scaled by one vector of the
- * eight scales (SCALES8(i)), so the float work is shared; the rest one by one. SUM(i) yields block
- * i's i32 lanes, SCALE(i) its scale. Leaves the total in sum. */
-#define BLOCK32_LOOP(SUM, SCALE, SCALES8)                                                       \
+/* The two f16 fields (d, m) at the start of each of 8 blocks (each ≥ 16 bytes), as two vectors:
+ * the blocks are loaded 16 bytes at a time, k beside k + 4, and the fields picked out with
+ * unpacks (cheaper than inserting them one by one as f16_fields does). */
+PL_TARGET_AVX2 static inline void f16_pairs8(const void *first, size_t stride, __m256 *d, __m256 *m) {
+    const char *p = first;
+    __m256i a0 = load_2x16(p, p + 4 * stride), a1 = load_2x16(p + stride, p + 5 * stride);
+    __m256i a2 = load_2x16(p + 2 * stride, p + 6 * stride), a3 = load_2x16(p + 3 * stride, p + 7 * stride);
+    __m256i u = _mm256_unpacklo_epi32(_mm256_unpacklo_epi16(a0, a1), _mm256_unpacklo_epi16(a2, a3));
+    /* u as u16: d0 d1 d2 d3 m0 m1 m2 m3 | d4 d5 d6 d7 m4 m5 m6 m7 */
+    u = _mm256_permute4x64_epi64(u, 0xD8);
+    *d = _mm256_cvtph_ps(_mm256_castsi256_si128(u));
+    *m = _mm256_cvtph_ps(_mm256_extracti128_si256(u, 1));
+}
+
+/* d and s of 8 q8_1 blocks. */
+PL_TARGET_AVX2 static inline void q8_1_ds8(const pl_block_q8_1 *x, __m256 *d, __m256 *s) {
+    __m256 a0 = _mm256_castsi256_ps(load_2x16(&x[0], &x[4])), a1 = _mm256_castsi256_ps(load_2x16(&x[1], &x[5]));
+    __m256 a2 = _mm256_castsi256_ps(load_2x16(&x[2], &x[6])), a3 = _mm256_castsi256_ps(load_2x16(&x[3], &x[7]));
+    __m256d u01 = _mm256_castps_pd(_mm256_unpacklo_ps(a0, a1)); /* d0 d1 s0 s1 | d4 d5 s4 s5 */
+    __m256d u23 = _mm256_castps_pd(_mm256_unpacklo_ps(a2, a3)); /* d2 d3 s2 s3 | d6 d7 s6 s7 */
+    *d = _mm256_castpd_ps(_mm256_unpacklo_pd(u01, u23));
+    *s = _mm256_castpd_ps(_mm256_unpackhi_pd(u01, u23));
+}
+
+/* q4_1, q5_1 against q8_1, 8 blocks: returns the scales d·dy and adds the mins' share m·s to
+ * *accm (see MIN_TERMS). */
+PL_TARGET_AVX2 static inline __m256 scales8_min(const void *w, size_t stride, const pl_block_q8_1 *x, __m256 *accm) {
+    __m256 d, m, dy, s;
+    f16_pairs8(w, stride, &d, &m);
+    q8_1_ds8(x, &dy, &s);
+    *accm = _mm256_fmadd_ps(m, s, *accm);
+    return _mm256_mul_ps(d, dy);
+}
+
+/* Eight blocks' sums, as sums_of_8 gives them, from their maddubs lanes (i16) where those are
+ * at most 8191 in magnitude, so that four add up within i16: two levels of hadd in i16, then one
+ * madd and the two halves added. Fewer µops than madd-ing each block and reducing in i32; exact. */
+PL_TARGET_AVX2 static inline __m256i sums_of_8_i16(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m256i p4,
+                                                   __m256i p5, __m256i p6, __m256i p7) {
+    __m256i g0 = _mm256_hadd_epi16(_mm256_hadd_epi16(p0, p1), _mm256_hadd_epi16(p2, p3));
+    __m256i g1 = _mm256_hadd_epi16(_mm256_hadd_epi16(p4, p5), _mm256_hadd_epi16(p6, p7));
+    /* a: the sums of blocks 0..3 over each 128-bit half, b: of 4..7 */
+    __m256i a = _mm256_madd_epi16(g0, _mm256_set1_epi16(1)), b = _mm256_madd_epi16(g1, _mm256_set1_epi16(1));
+    return _mm256_add_epi32(_mm256_blend_epi32(a, b, 0xF0), _mm256_permute2x128_si256(a, b, 0x21));
+}
+
+/* Blocks eight at a time: their integer sums reduced to one vector (SUMS8(i)), scaled by one
+ * vector of the eight scales (SCALES8(i)), so the float work is shared; the rest one by one.
+ * SUM(i) yields block i's i32 lanes, SCALE(i) its scale. Leaves the total in sum. */
+#define BLOCK32_LOOP_WITH(SUMS8, SUM, SCALE, SCALES8)                                           \
     __m256 acc = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                              \
     int64_t nb = n / QK, i = 0;                                                                \
-    for (; i + 8 <= nb; i += 8) {                                                              \
-        __m256i h0 = _mm256_hadd_epi32(SUM(i), SUM(i + 1));                                    \
-        __m256i h1 = _mm256_hadd_epi32(SUM(i + 2), SUM(i + 3));                                \
-        __m256i h2 = _mm256_hadd_epi32(SUM(i + 4), SUM(i + 5));                                \
-        __m256i h3 = _mm256_hadd_epi32(SUM(i + 6), SUM(i + 7));                                \
-        acc = _mm256_fmadd_ps(SCALES8(i), _mm256_cvtepi32_ps(sums_of_8(h0, h1, h2, h3)), acc); \
-    }                                                                                          \
+    for (; i + 8 <= nb; i += 8)                                                                \
+        acc = _mm256_fmadd_ps(SCALES8(i), _mm256_cvtepi32_ps(SUMS8(i)), acc);                  \
     for (; i < nb; i++)                                                                        \
         acc1 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(i)), _mm256_cvtepi32_ps(SUM(i)), acc1);    \
     float sum = hsum_ps(_mm256_add_ps(acc, acc1));
+
+/* SUMS8 from SUM(i): i32 lanes, hadd-ed in pairs then sums_of_8. */
+#define SUMS8_I32(i)                                                                            \
+    sums_of_8(_mm256_hadd_epi32(SUM(i), SUM(i + 1)), _mm256_hadd_epi32(SUM(i + 2), SUM(i + 3)), \
+              _mm256_hadd_epi32(SUM(i + 4), SUM(i + 5)), _mm256_hadd_epi32(SUM(i + 6), SUM(i + 7)))
+/* SUMS8 from PROD(i): maddubs lanes within ±8191 (see sums_of_8_i16). */
+#define SUMS8_I16(i) \
+    sums_of_8_i16(PROD(i), PROD(i + 1), PROD(i + 2), PROD(i + 3), PROD(i + 4), PROD(i + 5), PROD(i + 6), PROD(i + 7))
+#define BLOCK32_LOOP(SUM, SCALE, SCALES8) BLOCK32_LOOP_WITH(SUMS8_I32, SUM, SCALE, SCALES8)
 
 #define LOAD_Y(i) _mm256_loadu_si256((const __m256i *)x[i].qs)
 /* Weights with an f16 d against q8_0 (f16 d) or q8_1 (f32 d) activations. */
 #define SCALE_Q8_0(i) (f16(&w[i].d) * f16(&x[i].d))
 #define SCALES8_Q8_0(i) _mm256_mul_ps(f16_fields(&w[i].d, sizeof *w), f16_fields(&x[i].d, sizeof *x))
 #define SCALE_Q8_1(i) (f16(&w[i].d) * x[i].d)
-#define SCALES8_Q8_1(i) _mm256_mul_ps(f16_fields(&w[i].d, sizeof *w), f32_fields(&x[i].d, sizeof *x))
+/* Weights with f16 d, m against q8_1: the mins' share goes into accm (MIN_TERMS). */
+#define SCALES8_Q8_1(i) scales8_min(&w[i], sizeof *w, &x[i], &accm)
 
 /* Σ (q − 8)·y as Σ q·y − Σ 8·y, both through maddubs (|pair sums| ≤ 3810 and 2032). */
 PL_TARGET_AVX2 static inline __m256i dot_q4_0(__m256i q, __m256i y) {
@@ -146,23 +197,25 @@ PL_TARGET_AVX2 static float vec_dot_q5_0_q8_0_avx2(const void *vw, const void *v
     return sum;
 }
 
-/* q4_1, q5_1: Σ (d·q + m)·dy·qy = d·dy·Σ q·qy + m·s, s = dy·Σ qy kept in the activation block. */
+/* q4_1, q5_1: Σ (d·q + m)·dy·qy = d·dy·Σ q·qy + m·s, s = dy·Σ qy kept in the activation block.
+ * The eight-block loop's SCALES8_Q8_1 adds the m·s of its blocks into accm; MIN_TERMS adds the
+ * rest one by one (the same order of operations as a separate pass). */
 #define MIN_TERMS(w, x)                                                                         \
-    __m256 accm = _mm256_setzero_ps();                                                          \
     float summ = 0.0f;                                                                          \
-    int64_t j = 0;                                                                              \
-    for (; j + 8 <= n / QK; j += 8)                                                             \
-        accm = _mm256_fmadd_ps(f16_fields(&w[j].m, sizeof *w), f32_fields(&x[j].s, sizeof *x), accm); \
-    for (; j < n / QK; j++) summ += f16(&w[j].m) * x[j].s;                                      \
+    for (int64_t j = nb - nb % 8; j < nb; j++) summ += f16(&w[j].m) * x[j].s;                   \
     summ += hsum_ps(accm);
 
 PL_TARGET_AVX2 static float vec_dot_q4_1_q8_1_avx2(const void *vw, const void *vx, int64_t n) {
     const pl_block_q4_1 *w = vw;
     const pl_block_q8_1 *x = vx;
-    MIN_TERMS(w, x)
-#define SUM(i) dot_u8s8(unpack_nibbles(w[i].qs), LOAD_Y(i))
-    BLOCK32_LOOP(SUM, SCALE_Q8_1, SCALES8_Q8_1)
+    __m256 accm = _mm256_setzero_ps();
+/* maddubs lanes: |q·y + q'·y'| ≤ 2·15·128 */
+#define PROD(i) _mm256_maddubs_epi16(unpack_nibbles(w[i].qs), LOAD_Y(i))
+#define SUM(i) _mm256_madd_epi16(PROD(i), _mm256_set1_epi16(1))
+    BLOCK32_LOOP_WITH(SUMS8_I16, SUM, SCALE_Q8_1, SCALES8_Q8_1)
 #undef SUM
+#undef PROD
+    MIN_TERMS(w, x)
     return sum + summ;
 }
 
@@ -174,10 +227,14 @@ PL_TARGET_AVX2 static inline __m256i q5_1_unsigned(const pl_block_q5_1 *b) {
 PL_TARGET_AVX2 static float vec_dot_q5_1_q8_1_avx2(const void *vw, const void *vx, int64_t n) {
     const pl_block_q5_1 *w = vw;
     const pl_block_q8_1 *x = vx;
-    MIN_TERMS(w, x)
-#define SUM(i) dot_u8s8(q5_1_unsigned(&w[i]), LOAD_Y(i))
-    BLOCK32_LOOP(SUM, SCALE_Q8_1, SCALES8_Q8_1)
+    __m256 accm = _mm256_setzero_ps();
+/* maddubs lanes: |q·y + q'·y'| ≤ 2·31·128 */
+#define PROD(i) _mm256_maddubs_epi16(q5_1_unsigned(&w[i]), LOAD_Y(i))
+#define SUM(i) _mm256_madd_epi16(PROD(i), _mm256_set1_epi16(1))
+    BLOCK32_LOOP_WITH(SUMS8_I16, SUM, SCALE_Q8_1, SCALES8_Q8_1)
 #undef SUM
+#undef PROD
+    MIN_TERMS(w, x)
     return sum + summ;
 }
 
