@@ -52,10 +52,9 @@ def test_teacher_forced_argmax_agrees_with_transformers(smollm2, smollm2_folder)
 def _rss_growth(folder: str, load_args: str) -> int:
     """Bytes of RSS a fresh process gains by loading the model and generating a few tokens."""
     script = (
-        "import gc, pyllm\n"
+        "import gc, psutil, pyllm\n"
         "def rss():\n"
-        "    for line in open('/proc/self/status'):\n"
-        "        if line.startswith('VmRSS'): return int(line.split()[1]) * 1024\n"
+        "    return psutil.Process().memory_info().rss\n"
         "before = rss()\n"
         f"llm = pyllm.load({folder!r}, threads=2{load_args})\n"
         "llm.generate('Hello', max_tokens=4)\n"
@@ -68,17 +67,15 @@ def _rss_growth(folder: str, load_args: str) -> int:
 
 def test_weights_stay_in_the_mapping(smollm2_folder):
     """Loading and running maps the file instead of copying it: RSS grows by about its size."""
-    if not os.path.exists("/proc/self/status"):
-        pytest.skip("needs /proc to read RSS")
     size = os.path.getsize(os.path.join(smollm2_folder, "model.safetensors"))
     grown = _rss_growth(smollm2_folder, "")
     assert grown < 1.4 * size, (grown, size)
+    assert grown > 0.7 * size, (grown, size)  # the run really read every weight
 
 
 def test_quantize_on_load_keeps_only_the_quantized_bytes(smollm2_folder):
     """Once every matrix is re-encoded the bf16 mapping is released."""
-    if not os.path.exists("/proc/self/status"):
-        pytest.skip("needs /proc to read RSS")
     size = os.path.getsize(os.path.join(smollm2_folder, "model.safetensors"))
     grown = _rss_growth(smollm2_folder, ", dtype='q8_0'")
     assert grown < 0.8 * size, (grown, size)  # q8_0 is 8.5/16 of bf16, plus buffers
+    assert grown > 0.4 * size, (grown, size)  # the q8_0 copy itself is resident
