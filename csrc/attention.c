@@ -4,7 +4,7 @@
 /* For token t of the batch (absolute position pos0 + t) and query head h:
  *   out[t, h] = softmax(scale · q[t, h] · K[j]ᵀ for j in the window) · V[j]
  * where the window is (p - W, p] with W = window, or [0, p] when window is 0, and K/V are the
- * head's KV group. (t, h) pairs are dealt round-robin to the threads: later tokens cost more. */
+ * head's KV group. With a soft-cap, scores become cap·tanh(score / cap) before the softmax. (t, h) pairs are dealt round-robin to the threads: later tokens cost more. */
 void pl_attention(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
                   int pos0, int n, int window, float *out, float *scores, int ith, int nth) {
     const int hd = m->head_dim, n_heads = m->n_heads;
@@ -20,6 +20,7 @@ void pl_attention(const pl_model *m, const float *q, const float *k_cache, const
         int len = p - lo + 1;
         for (int j = 0; j < len; j++)
             scores[j] = m->attn_scale * pl_vec.dot_f32(qh, kh + (int64_t)(lo + j) * kv_dim, hd);
+        if (m->attn_softcap > 0) pl_softcap(scores, len, m->attn_softcap);
         pl_softmax(scores, len);
         float *oh = out + (int64_t)t * n_heads * hd + (int64_t)h * hd;
         for (int i = 0; i < hd; i++) oh[i] = 0.0f;
@@ -56,6 +57,7 @@ void pl_attention_blas(const pl_model *m, const float *q, const float *k_cache, 
             float *row = scores + (int64_t)t * len;
             int p = p_first + t;
             int lo = window > 0 && p - window + 1 > j0 ? p - window + 1 - j0 : 0, hi = p - j0 + 1;
+            if (m->attn_softcap > 0) pl_softcap(row + lo, hi - lo, m->attn_softcap);
             pl_softmax(row + lo, hi - lo);
             for (int j = 0; j < lo; j++) row[j] = 0.0f;
             for (int j = hi; j < len; j++) row[j] = 0.0f;

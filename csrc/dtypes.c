@@ -125,7 +125,8 @@ static float dot_bf16(const void *w, const void *x, int64_t n) {
     return s;
 }
 
-pl_vec_kernels pl_vec = {pl_dot_f32_scalar, pl_axpy_f32_scalar, pl_softmax_scalar, pl_swiglu_scalar};
+pl_vec_kernels pl_vec = {pl_dot_f32_scalar, pl_axpy_f32_scalar, pl_softmax_scalar, pl_swiglu_scalar,
+                         pl_geglu_scalar, pl_gelu_scalar};
 
 /* Installs the scalar float kernels, then lets the chosen ISA's file replace what it speeds up. */
 void pl_install_type_kernels(int isa) {
@@ -137,7 +138,10 @@ void pl_install_type_kernels(int isa) {
     pl_vec.axpy_f32 = pl_axpy_f32_scalar;
     pl_vec.softmax = pl_softmax_scalar;
     pl_vec.swiglu = pl_swiglu_scalar;
-    if (isa == PL_ISA_AVX2) pl_install_simd_avx2();
+    pl_vec.geglu = pl_geglu_scalar;
+    pl_vec.gelu = pl_gelu_scalar;
+    /* An AVX-512 CPU runs the AVX2 kernels that have no wider variant. */
+    if (isa == PL_ISA_AVX2 || isa == PL_ISA_AVX512) pl_install_simd_avx2();
     if (isa == PL_ISA_AVX512) pl_install_simd_avx512();
     if (isa == PL_ISA_NEON) pl_install_simd_neon();
 }

@@ -1,8 +1,9 @@
 /* forward.c — one forward pass over a batch of tokens: the layer loop, driven by the model's
- * flags rather than copied per architecture.
+ * recipe (pyllm.h) rather than copied per architecture.
  *
  * Every pool thread runs forward_task; each step takes the thread's share (rows, heads or weight
- * rows) and ends at a barrier, so a whole decode step is one dispatch to the pool.
+ * rows) and ends at a barrier, so a whole decode step is one dispatch to the pool. A step whose slot
+ * is absent is skipped by a branch per layer.
  */
 #include "kernels.h"
 
@@ -17,101 +18,149 @@ typedef struct {
     int batch;        /* tokens of the whole call: picks the matmul path for every chunk alike */
 } forward_args;
 
-/* x += tmp (when the previous block left an output there), then out = rmsnorm(x) · w. */
-static void residual_norm(const forward_args *a, int add_tmp, const float *w, int t0, int ith, int nth) {
+/* x = tok_embd[token] · embed_scale (+ pos_embd[pos]) for this thread's tokens. */
+static void embed(const forward_args *a, int ith, int nth) {
     const pl_model *m = a->m;
     pl_state *s = a->s;
-    for (int t = t0 + ith; t < a->n; t += nth) {
+    const pl_type_traits *et = pl_traits(m->tok_embd.type);
+    const int64_t erow = pl_row_size(m->tok_embd.type, m->dim);
+    float *pos_row = s->pos_row + (int64_t)ith * m->dim;
+    for (int t = ith; t < a->n; t += nth) {
         float *x = s->x + (int64_t)t * m->dim;
-        if (add_tmp) {
-            const float *d = s->tmp + (int64_t)t * m->dim;
-            for (int i = 0; i < m->dim; i++) x[i] += d[i];
+        et->to_f32((const char *)m->tok_embd.data + (int64_t)a->tokens[t] * erow, x, m->dim);
+        if (m->embed_scale != 1.0f)
+            for (int i = 0; i < m->dim; i++) x[i] *= m->embed_scale;
+        if (m->pos_embd.data) {
+            int64_t prow = pl_row_size(m->pos_embd.type, m->dim);
+            pl_traits(m->pos_embd.type)->to_f32((const char *)m->pos_embd.data + (int64_t)(s->pos + t) * prow,
+                                                pos_row, m->dim);
+            for (int i = 0; i < m->dim; i++) x[i] += pos_row[i];
         }
-        if (w) pl_rmsnorm(s->xn + (int64_t)t * m->dim, x, w, m->dim, m->norm_eps);
     }
+}
+
+/* out = norm(in) for rows [t0, n) of width dim, this thread's share. Row t belongs to thread
+ * t % nth in embed, norm_rows and residual_add alike, so these need no barrier between them. */
+static void norm_rows(const forward_args *a, const pl_norm *norm, float *out, const float *in, int t0,
+                      int ith, int nth) {
+    const int dim = a->m->dim;
+    for (int t = ith + (t0 - ith + nth - 1) / nth * nth; t < a->n; t += nth)
+        pl_norm_apply(out + (int64_t)t * dim, in + (int64_t)t * dim, norm, dim, a->m->norm_eps);
+}
+
+/* x += f, where f is a block's output; a post-norm (Gemma 2/3) is applied to f first. */
+static void residual_add(const forward_args *a, const pl_norm *post_norm, float *f, int ith, int nth) {
+    const int dim = a->m->dim;
+    for (int t = ith; t < a->n; t += nth) {
+        float *x = a->s->x + (int64_t)t * dim, *d = f + (int64_t)t * dim;
+        if (post_norm->w) pl_norm_apply(d, d, post_norm, dim, a->m->norm_eps);
+        for (int i = 0; i < dim; i++) x[i] += d[i];
+    }
+}
+
+/* Per-head RMSNorm of q and k (Qwen3, Gemma 3), then rope on the first n_rot dims of each head. */
+static void position_heads(const forward_args *a, const pl_layer *L, float *kc, int ith, int nth) {
+    const pl_model *m = a->m;
+    pl_state *s = a->s;
+    const int hd = m->head_dim, pos0 = s->pos, half = m->n_rot / 2;
+    const int64_t qd = (int64_t)m->n_heads * hd, kvd = s->kv_dim;
+    const float *cos_tab = s->rope_cos + (int64_t)L->rope * s->n_ctx * half;
+    const float *sin_tab = s->rope_sin + (int64_t)L->rope * s->n_ctx * half;
+    for (int t = ith; t < a->n; t += nth) {
+        float *q = s->q + t * qd, *k = kc + (pos0 + t) * kvd;
+        if (L->q_norm.w)
+            for (int h = 0; h < m->n_heads; h++) pl_norm_apply(q + h * hd, q + h * hd, &L->q_norm, hd, m->norm_eps);
+        if (L->k_norm.w)
+            for (int h = 0; h < m->n_kv_heads; h++) pl_norm_apply(k + h * hd, k + h * hd, &L->k_norm, hd, m->norm_eps);
+        if (m->n_rot) {
+            const float *cos = cos_tab + (int64_t)(pos0 + t) * half, *sin = sin_tab + (int64_t)(pos0 + t) * half;
+            pl_rope(q, m->n_heads, hd, m->n_rot, cos, sin, m->rope_interleaved);
+            pl_rope(k, m->n_kv_heads, hd, m->n_rot, cos, sin, m->rope_interleaved);
+        }
+    }
+}
+
+static void layer(const forward_args *a, const pl_layer *L, float *kc, float *vc, int ith, int nth) {
+    const pl_model *m = a->m;
+    pl_state *s = a->s;
+    pl_pool *pool = a->pool;
+    const int n = a->n, pos0 = s->pos, dim = m->dim;
+    const int64_t qd = (int64_t)m->n_heads * m->head_dim, kvd = s->kv_dim;
+
+    norm_rows(a, &L->attn_norm, s->xn, s->x, 0, ith, nth);
+    pl_barrier(pool);
+
+    /* k and v are written straight into the cache at their positions */
+    pl_matmul_out qkv[3] = {{&L->wq, s->q, qd, L->bq},
+                            {&L->wk, kc + (int64_t)pos0 * kvd, kvd, L->bk},
+                            {&L->wv, vc + (int64_t)pos0 * kvd, kvd, L->bv}};
+    pl_matmul(qkv, 3, s->xn, n, a->batch, &s->mm, pool, ith, nth);
+    pl_barrier(pool);
+
+    if (L->q_norm.w || L->k_norm.w || m->n_rot) {
+        position_heads(a, L, kc, ith, nth);
+        pl_barrier(pool);
+    }
+
+    if (s->mm.sgemm && s->mm.per_thread_blas && a->batch >= PL_BLAS_MIN_TOKENS)
+        pl_attention_blas(m, s->q, kc, vc, pos0, n, L->sliding_window, s->att,
+                          s->scores + (int64_t)ith * PL_ATTN_QBLOCK * s->n_ctx, s->mm.sgemm, ith, nth);
+    else
+        pl_attention(m, s->q, kc, vc, pos0, n, L->sliding_window, s->att,
+                     s->scores + (int64_t)ith * s->n_ctx, ith, nth);
+    pl_barrier(pool);
+
+    pl_matmul_out o[1] = {{&L->wo, s->tmp, dim, L->bo}};
+    pl_matmul(o, 1, s->att, n, a->batch, &s->mm, pool, ith, nth);
+    pl_barrier(pool);
+
+    residual_add(a, &L->post_attn_norm, s->tmp, ith, nth);
+    norm_rows(a, &L->ffn_norm, s->xn, s->x, 0, ith, nth);
+    pl_barrier(pool);
+
+    pl_matmul_glu(L->w_gate.data ? &L->w_gate : NULL, &L->w_up, L->b_up, s->xn, n, a->batch, m->activation,
+                  s->gate, s->up, m->ffn_dim, &s->mm, pool, ith, nth);
+    pl_barrier(pool);
+
+    pl_matmul_out d[1] = {{&L->w_down, s->tmp, dim, L->b_down}};
+    pl_matmul(d, 1, s->gate, n, a->batch, &s->mm, pool, ith, nth);
+    pl_barrier(pool);
+
+    residual_add(a, &L->post_ffn_norm, s->tmp, ith, nth); /* the next norm reads only this thread's rows */
 }
 
 static void forward_task(void *raw, int ith, int nth) {
     const forward_args *a = raw;
     const pl_model *m = a->m;
     pl_state *s = a->s;
-    pl_pool *pool = a->pool;
-    const int n = a->n, pos0 = s->pos, dim = m->dim, half = m->head_dim / 2;
-    const int64_t qd = (int64_t)m->n_heads * m->head_dim, kvd = s->kv_dim;
-    const pl_type_traits *et = pl_traits(m->tok_embd.type);
-    const int64_t erow = pl_row_size(m->tok_embd.type, dim);
+    const int n = a->n, dim = m->dim;
 
-    for (int t = ith; t < n; t += nth) {
-        float *x = s->x + (int64_t)t * dim;
-        et->to_f32((const char *)m->tok_embd.data + (int64_t)a->tokens[t] * erow, x, dim);
-        if (m->embed_scale != 1.0f)
-            for (int i = 0; i < dim; i++) x[i] *= m->embed_scale;
-    }
-    pl_barrier(pool);
+    embed(a, ith, nth); /* the first norm reads only this thread's rows */
 
-    for (int l = 0; l < m->n_layers; l++) {
-        const pl_layer *L = &m->layers[l];
-        float *kc = s->k_cache + (int64_t)l * s->n_ctx * kvd;
-        float *vc = s->v_cache + (int64_t)l * s->n_ctx * kvd;
+    for (int l = 0; l < m->n_layers; l++)
+        layer(a, &m->layers[l], s->k_cache + (int64_t)l * s->n_ctx * s->kv_dim,
+              s->v_cache + (int64_t)l * s->n_ctx * s->kv_dim, ith, nth);
 
-        residual_norm(a, l > 0, L->attn_norm, 0, ith, nth);
-        pl_barrier(pool);
-
-        /* k and v are written straight into the cache at their positions */
-        pl_matmul_out qkv[3] = {{&L->wq, s->q, qd, L->bq},
-                                {&L->wk, kc + (int64_t)pos0 * kvd, kvd, L->bk},
-                                {&L->wv, vc + (int64_t)pos0 * kvd, kvd, L->bv}};
-        pl_matmul(qkv, 3, s->xn, n, a->batch, &s->mm, pool, ith, nth);
-        pl_barrier(pool);
-
-        for (int t = ith; t < n; t += nth) {
-            const float *cos = s->rope_cos + (int64_t)(pos0 + t) * half;
-            const float *sin = s->rope_sin + (int64_t)(pos0 + t) * half;
-            pl_rope(s->q + t * qd, m->n_heads, m->head_dim, cos, sin, m->rope_interleaved);
-            pl_rope(kc + (pos0 + t) * kvd, m->n_kv_heads, m->head_dim, cos, sin, m->rope_interleaved);
-        }
-        pl_barrier(pool);
-
-        if (s->mm.sgemm && s->mm.per_thread_blas && a->batch >= PL_BLAS_MIN_TOKENS)
-            pl_attention_blas(m, s->q, kc, vc, pos0, n, L->sliding_window, s->att,
-                              s->scores + (int64_t)ith * PL_ATTN_QBLOCK * s->n_ctx, s->mm.sgemm, ith, nth);
-        else
-            pl_attention(m, s->q, kc, vc, pos0, n, L->sliding_window, s->att,
-                         s->scores + (int64_t)ith * s->n_ctx, ith, nth);
-        pl_barrier(pool);
-
-        pl_matmul_out o[1] = {{&L->wo, s->tmp, dim, NULL}};
-        pl_matmul(o, 1, s->att, n, a->batch, &s->mm, pool, ith, nth);
-        pl_barrier(pool);
-
-        residual_norm(a, 1, L->ffn_norm, 0, ith, nth);
-        pl_barrier(pool);
-
-        pl_matmul_glu(&L->w_gate, &L->w_up, s->xn, n, a->batch, m->activation, s->gate, s->up, m->ffn_dim,
-                      &s->mm, pool, ith, nth);
-        pl_barrier(pool);
-
-        pl_matmul_out d[1] = {{&L->w_down, s->tmp, dim, NULL}};
-        pl_matmul(d, 1, s->gate, n, a->batch, &s->mm, pool, ith, nth);
-        pl_barrier(pool);
-    }
-
-    if (!a->logits) {
-        residual_norm(a, 1, NULL, 0, ith, nth);
-        return;
-    }
+    if (!a->logits) return;
     /* Only the rows whose logits are wanted go through the final norm and the head. */
     int first = a->all_logits ? 0 : n - 1;
-    residual_norm(a, 1, m->out_norm, first, ith, nth);
-    pl_barrier(pool);
+    norm_rows(a, &m->out_norm, s->xn, s->x, first, ith, nth);
+    pl_barrier(a->pool);
     pl_matmul_out head[1] = {{&m->lm_head, a->logits, m->vocab_size, NULL}};
-    pl_matmul(head, 1, s->xn + (int64_t)first * dim, n - first, a->batch, &s->mm, pool, ith, nth);
+    pl_matmul(head, 1, s->xn + (int64_t)first * dim, n - first, a->batch, &s->mm, a->pool, ith, nth);
+    if (m->logit_softcap > 0) {
+        pl_barrier(a->pool);
+        int64_t total = (int64_t)(n - first) * m->vocab_size;
+        int64_t lo = total * ith / nth, hi = total * (ith + 1) / nth;
+        pl_softcap(a->logits + lo, hi - lo, m->logit_softcap);
+    }
 }
 
 int pl_forward(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
                float *logits, int all_logits) {
     if (n < 1 || !tokens || !logits) return PL_ERR_ARGS;
     if (n > s->n_ctx - s->pos) return PL_ERR_CONTEXT;
+    if (m->pos_embd.data && s->pos + n > m->n_positions) return PL_ERR_CONTEXT;
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->vocab_size) return PL_ERR_TOKEN;
     /* Batches longer than the buffers go through in chunks; only the last one's final token

@@ -40,13 +40,18 @@ int pl_install_simd_neon(void);
 /* ---------------------------------------------------------------- ops.c, attention.c */
 
 void pl_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
-void pl_rope(float *x, int n_heads, int head_dim, const float *cos, const float *sin,
+void pl_layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps);
+/* out = norm(x) by the norm's kind; norm->w must be set. */
+void pl_norm_apply(float *out, const float *x, const pl_norm *norm, int n, float eps);
+void pl_rope(float *x, int n_heads, int head_dim, int n_rot, const float *cos, const float *sin,
              int interleaved);
+void pl_softcap(float *x, int64_t n, float cap);
 void pl_softmax_scalar(float *x, int n);
 void pl_swiglu_scalar(float *gate, const float *up, int n);
+void pl_geglu_scalar(float *gate, const float *up, int n);
+void pl_gelu_scalar(float *x, int n);
 #define pl_softmax(x, n) pl_vec.softmax(x, n)
 #define pl_swiglu(g, u, n) pl_vec.swiglu(g, u, n)
-void pl_geglu_tanh(float *gate, const float *up, int n);
 
 /* Causal GQA attention of n queries at positions pos0.. over a layer's cache. */
 void pl_attention(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
@@ -87,11 +92,12 @@ typedef struct {
  * row of a prefill — the last one's logits included — is computed the same way. */
 void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
                const pl_matmul_scratch *scratch, pl_pool *pool, int ith, int nth);
-/* gate (n, ld) = act(x · w_gateᵀ) ⊙ (x · w_upᵀ), up holding the second product: every thread owns the
- * same rows of both, so it applies the activation to them without a barrier. */
-void pl_matmul_glu(const pl_tensor *w_gate, const pl_tensor *w_up, const float *x, int n, int batch,
-                   int activation, float *gate, float *up, int64_t ld, const pl_matmul_scratch *sc,
-                   pl_pool *pool, int ith, int nth);
+/* The MLP's first half. With w_gate: gate (n, ld) = act(x · w_gateᵀ) ⊙ (x · w_upᵀ + b_up), up holding
+ * the second product; without (a plain MLP): gate = act(x · w_upᵀ + b_up). Every thread owns the
+ * same rows of both products, so it applies the activation to them without a barrier. */
+void pl_matmul_glu(const pl_tensor *w_gate, const pl_tensor *w_up, const float *b_up, const float *x,
+                   int n, int batch, int activation, float *gate, float *up, int64_t ld,
+                   const pl_matmul_scratch *sc, pl_pool *pool, int ith, int nth);
 /* Bytes of one xq region for n rows of cols inputs of a weight type. */
 int64_t pl_matmul_xq_bytes(int type, int64_t cols, int n);
 
@@ -103,11 +109,12 @@ struct pl_state {
     int kv_dim;            /* n_kv_heads * head_dim */
     float *k_cache;        /* (n_layers, n_ctx, kv_dim) */
     float *v_cache;        /* (n_layers, n_ctx, kv_dim) */
-    float *rope_cos;       /* (n_ctx, head_dim / 2) */
-    float *rope_sin;       /* (n_ctx, head_dim / 2) */
+    float *rope_cos;       /* (n_ropes, n_ctx, n_rot / 2), the table's scale applied */
+    float *rope_sin;       /* (n_ropes, n_ctx, n_rot / 2) */
     float *x;              /* (n_batch, dim) the residual stream */
     float *xn;             /* (n_batch, dim) a block's normed input */
     float *q;              /* (n_batch, n_heads * head_dim) */
+    float *pos_row;        /* (n_threads, dim) a learned position row widened to f32 */
     float *att;            /* (n_batch, n_heads * head_dim) attention output */
     float *tmp;            /* (n_batch, dim) a block's output before the residual add */
     float *gate;           /* (n_batch, ffn_dim) */

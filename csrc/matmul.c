@@ -152,14 +152,16 @@ void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int
     }
 }
 
-void pl_matmul_glu(const pl_tensor *w_gate, const pl_tensor *w_up, const float *x, int n, int batch,
-                   int activation, float *gate, float *up, int64_t ld, const pl_matmul_scratch *sc,
-                   pl_pool *pool, int ith, int nth) {
-    pl_matmul_out outs[2] = {{w_gate, gate, ld, NULL}, {w_up, up, ld, NULL}};
+void pl_matmul_glu(const pl_tensor *w_gate, const pl_tensor *w_up, const float *b_up, const float *x,
+                   int n, int batch, int activation, float *gate, float *up, int64_t ld,
+                   const pl_matmul_scratch *sc, pl_pool *pool, int ith, int nth) {
+    /* Without a gate the up product is written where the activation runs: gate. */
+    pl_matmul_out outs[2] = {{w_up, w_gate ? up : gate, ld, b_up}, {w_gate, gate, ld, NULL}};
+    int n_outs = w_gate ? 2 : 1;
     int64_t begin, end;
-    row_range(w_gate->rows, ith, nth, &begin, &end);
+    row_range(w_up->rows, ith, nth, &begin, &end);
     if (sc->sgemm && batch >= PL_BLAS_MIN_TOKENS) {
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < n_outs; i++) {
             if (sc->per_thread_blas)
                 matmul_blas_per_thread(&outs[i], x, n, sc, ith, nth); /* rows cut by row_range */
             else
@@ -169,16 +171,18 @@ void pl_matmul_glu(const pl_tensor *w_gate, const pl_tensor *w_up, const float *
     } else {
         const void *xv[2];
         int64_t xrow[2];
-        if (prepare_activations(outs, 2, x, n, sc, ith, nth, xv, xrow)) pl_barrier(pool);
-        dot_rows(&outs[0], begin, end, xv[0], xrow[0], n);
-        dot_rows(&outs[1], begin, end, xv[1], xrow[1], n);
+        if (prepare_activations(outs, n_outs, x, n, sc, ith, nth, xv, xrow)) pl_barrier(pool);
+        for (int i = 0; i < n_outs; i++) dot_rows(&outs[i], begin, end, xv[i], xrow[i], n);
     }
-    for (int tok = 0; tok < n && end > begin; tok++) {
+    int rows = (int)(end - begin);
+    for (int tok = 0; tok < n && rows > 0; tok++) {
         float *g = gate + tok * ld + begin;
         const float *u = up + tok * ld + begin;
-        if (activation == PL_ACT_GELU_TANH)
-            pl_geglu_tanh(g, u, (int)(end - begin));
+        if (!w_gate)
+            pl_vec.gelu(g, rows); /* pl_model_check allows a plain MLP with gelu_tanh only */
+        else if (activation == PL_ACT_GELU_TANH)
+            pl_vec.geglu(g, u, rows);
         else
-            pl_swiglu(g, u, (int)(end - begin));
+            pl_swiglu(g, u, rows);
     }
 }

@@ -10,11 +10,34 @@ void pl_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * scale);
 }
 
-/* Rotates each head of x in place by the angles whose cos/sin are given (head_dim / 2 of each).
- * HF checkpoints pair element i with i + head_dim/2; llama.cpp's GGUF llama files pair 2i, 2i+1. */
-void pl_rope(float *x, int n_heads, int head_dim, const float *cos, const float *sin,
+/* out = (x - mean) / sqrt(var + eps) · w + b (b may be NULL), the biased variance as torch's
+ * LayerNorm takes it; two passes, so large means do not cancel the variance away. */
+void pl_layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps) {
+    float mean = 0.0f;
+    for (int i = 0; i < n; i++) mean += x[i];
+    mean /= (float)n;
+    float var = 0.0f;
+    for (int i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+    float scale = 1.0f / sqrtf(var / (float)n + eps);
+    if (b)
+        for (int i = 0; i < n; i++) out[i] = (x[i] - mean) * scale * w[i] + b[i];
+    else
+        for (int i = 0; i < n; i++) out[i] = (x[i] - mean) * scale * w[i];
+}
+
+void pl_norm_apply(float *out, const float *x, const pl_norm *norm, int n, float eps) {
+    if (norm->kind == PL_NORM_LAYER)
+        pl_layernorm(out, x, norm->w, norm->b, n, eps);
+    else
+        pl_rmsnorm(out, x, norm->w, n, eps);
+}
+
+/* Rotates the first n_rot dims of each head of x in place by the angles whose cos/sin are given
+ * (n_rot / 2 of each); the rest of the head passes unchanged. HF checkpoints pair element i with
+ * i + n_rot/2; llama.cpp's GGUF llama files pair 2i, 2i+1. */
+void pl_rope(float *x, int n_heads, int head_dim, int n_rot, const float *cos, const float *sin,
              int interleaved) {
-    int half = head_dim / 2;
+    int half = n_rot / 2;
     for (int h = 0; h < n_heads; h++) {
         float *v = x + (int64_t)h * head_dim;
         for (int i = 0; i < half; i++) {
@@ -25,6 +48,12 @@ void pl_rope(float *x, int n_heads, int head_dim, const float *cos, const float 
             v[b] = x1 * cos[i] + x0 * sin[i];
         }
     }
+}
+
+/* x = cap · tanh(x / cap): Gemma 2's soft limit on attention scores and final logits. */
+void pl_softcap(float *x, int64_t n, float cap) {
+    float inv = 1.0f / cap;
+    for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] * inv);
 }
 
 void pl_softmax_scalar(float *x, int n) {
@@ -47,11 +76,18 @@ void pl_swiglu_scalar(float *gate, const float *up, int n) {
     }
 }
 
-/* gate = gelu_tanh(gate) · up */
-void pl_geglu_tanh(float *gate, const float *up, int n) {
+/* gelu_tanh(g) = 0.5·g·(1 + tanh(sqrt(2/pi)·(g + 0.044715·g³))), as torch's approximate="tanh". */
+static inline float gelu_tanh(float g) {
     const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-    for (int i = 0; i < n; i++) {
-        float g = gate[i];
-        gate[i] = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * up[i];
-    }
+    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+}
+
+/* gate = gelu_tanh(gate) · up */
+void pl_geglu_scalar(float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i++) gate[i] = gelu_tanh(gate[i]) * up[i];
+}
+
+/* x = gelu_tanh(x): the activation of a plain (ungated) MLP */
+void pl_gelu_scalar(float *x, int n) {
+    for (int i = 0; i < n; i++) x[i] = gelu_tanh(x[i]);
 }

@@ -80,6 +80,8 @@ typedef struct {
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n); /* y += a·x */
     void (*softmax)(float *x, int n);                             /* in place */
     void (*swiglu)(float *gate, const float *up, int n);          /* gate = silu(gate)·up */
+    void (*geglu)(float *gate, const float *up, int n);           /* gate = gelu_tanh(gate)·up */
+    void (*gelu)(float *x, int n);                                /* x = gelu_tanh(x) */
 } pl_vec_kernels;
 extern pl_vec_kernels pl_vec;
 
@@ -129,35 +131,121 @@ int pl_convert_tensor(pl_pool *pool, const pl_tensor *src, int dst_type, void *d
 
 /* ---------------------------------------------------------------- model (forward.c) */
 
+/* The block is a recipe: every step below runs only where its slot is present (non-NULL).
+ *
+ *   x = tok_embd[token] · embed_scale (+ pos_embd[pos])
+ *   per layer:  h = attn_norm(x)
+ *               q, k, v = h·wq (+bq), h·wk (+bk), h·wv (+bv)
+ *               q, k = q_norm(q), k_norm(k)          per head, before rope
+ *               q, k = rope(q, k)                    the layer's table, the first n_rot dims
+ *               a = attention(q, K, V)               scale, soft-cap, sliding window
+ *               a = post_attn_norm(a·wo (+bo))
+ *               x = x + a                            the residual add, a step of its own
+ *               h = ffn_norm(x)
+ *               f = act(h·w_gate) ⊙ (h·w_up + b_up)  or act(h·w_up + b_up) without w_gate
+ *               f = post_ffn_norm(f·w_down (+b_down))
+ *               x = x + f
+ *   logits = softcap(out_norm(x)·lm_head)
+ *
+ * Each flag is a branch per layer, never per element of a row. */
+
 enum pl_activation { PL_ACT_SILU = 0, PL_ACT_GELU_TANH = 1 };
+enum pl_norm_kind { PL_NORM_RMS = 0, PL_NORM_LAYER = 1 };
+
+/* A norm step: RMS (x / rms(x) · w; Gemma's (1 + w) is folded into w at load) or LayerNorm
+ * ((x - mean) / std · w + b). w == NULL: the step is absent. */
+typedef struct {
+    const float *w; /* (n) */
+    const float *b; /* (n) or NULL */
+    int kind;       /* enum pl_norm_kind */
+} pl_norm;
+
+/* What a slot holds: a weight matrix, a norm, or a float32 bias vector. */
+enum pl_slot_kind { PL_SLOT_MATRIX = 0, PL_SLOT_NORM = 1, PL_SLOT_VECTOR = 2 };
+/* The sizes slot shapes are written in. */
+enum pl_dim { PL_DIM_ONE = 0, PL_DIM_DIM, PL_DIM_Q, PL_DIM_KV, PL_DIM_FFN, PL_DIM_HEAD, PL_DIM_VOCAB, PL_DIM_POS };
+
+/* The tensors of a layer, declared once: this list makes pl_layer's fields, the table the binding
+ * fills them from (pl_layer_slots) and the shapes pl_model_check and the Python binder check.
+ * X(kind, name, rows, cols, required) — rows/cols are pl_dim names: DIM = dim, Q = n_heads·head_dim,
+ * KV = n_kv_heads·head_dim, FFN = ffn_dim, HEAD = head_dim; a norm or vector has cols ONE. */
+#define PL_LAYER_SLOTS(X)                                                                  \
+    X(NORM, attn_norm, DIM, ONE, 1)                                                         \
+    X(MATRIX, wq, Q, DIM, 1)                                                                \
+    X(MATRIX, wk, KV, DIM, 1)                                                               \
+    X(MATRIX, wv, KV, DIM, 1)                                                               \
+    X(VECTOR, bq, Q, ONE, 0)                                                                \
+    X(VECTOR, bk, KV, ONE, 0)                                                               \
+    X(VECTOR, bv, KV, ONE, 0)                                                               \
+    X(NORM, q_norm, HEAD, ONE, 0)         /* per head, before rope (Qwen3, Gemma 3) */      \
+    X(NORM, k_norm, HEAD, ONE, 0)                                                           \
+    X(MATRIX, wo, DIM, Q, 1)                                                                \
+    X(VECTOR, bo, DIM, ONE, 0)                                                              \
+    X(NORM, post_attn_norm, DIM, ONE, 0)  /* on the attention output (Gemma 2/3) */         \
+    X(NORM, ffn_norm, DIM, ONE, 1)                                                          \
+    X(MATRIX, w_gate, FFN, DIM, 0)        /* absent: a plain MLP, act(h·w_up) (GPT-2) */    \
+    X(MATRIX, w_up, FFN, DIM, 1)                                                            \
+    X(VECTOR, b_up, FFN, ONE, 0)                                                            \
+    X(MATRIX, w_down, DIM, FFN, 1)                                                          \
+    X(VECTOR, b_down, DIM, ONE, 0)                                                          \
+    X(NORM, post_ffn_norm, DIM, ONE, 0)   /* on the MLP output (Gemma 2/3) */
+
+/* The model's own tensors, in the same form. */
+#define PL_MODEL_SLOTS(X)                                                                  \
+    X(MATRIX, tok_embd, VOCAB, DIM, 1)                                                      \
+    X(MATRIX, pos_embd, POS, DIM, 0)      /* learned positions (GPT-2); rows bound n_ctx */  \
+    X(NORM, out_norm, DIM, ONE, 1)                                                          \
+    X(MATRIX, lm_head, VOCAB, DIM, 1)     /* may be tok_embd itself */
+
+#define PL_SLOT_TYPE_MATRIX pl_tensor
+#define PL_SLOT_TYPE_NORM pl_norm
+#define PL_SLOT_TYPE_VECTOR const float *
+#define PL_SLOT_FIELD(kind, name, rows, cols, required) PL_SLOT_TYPE_##kind name;
 
 typedef struct {
-    const float *attn_norm; /* (dim) */
-    pl_tensor wq;           /* (n_heads * head_dim, dim) */
-    pl_tensor wk;           /* (n_kv_heads * head_dim, dim) */
-    pl_tensor wv;           /* (n_kv_heads * head_dim, dim) */
-    const float *bq;        /* (n_heads * head_dim) or NULL */
-    const float *bk;        /* (n_kv_heads * head_dim) or NULL */
-    const float *bv;        /* (n_kv_heads * head_dim) or NULL */
-    pl_tensor wo;           /* (dim, n_heads * head_dim) */
-    const float *ffn_norm;  /* (dim) */
-    pl_tensor w_gate;       /* (ffn_dim, dim) */
-    pl_tensor w_up;         /* (ffn_dim, dim) */
-    pl_tensor w_down;       /* (dim, ffn_dim) */
-    int sliding_window;     /* a query at q sees keys in (q - W, q]; 0 = the whole past */
+    PL_LAYER_SLOTS(PL_SLOT_FIELD)
+    int sliding_window; /* a query at q sees keys in (q - W, q]; 0 = the whole past */
+    int rope;           /* index into pl_model.ropes */
 } pl_layer;
+
+/* One slot of the lists above, for code that walks them (the binding, the checks). */
+typedef struct {
+    const char *name;
+    int kind;     /* enum pl_slot_kind */
+    int rows;     /* enum pl_dim */
+    int cols;     /* enum pl_dim */
+    int required;
+    size_t offset; /* of the field in pl_layer or pl_model */
+} pl_slot;
+
+int pl_layer_slot_count(void);
+const pl_slot *pl_layer_slot(int i);
+int pl_model_slot_count(void);
+const pl_slot *pl_model_slot(int i);
+
+/* A rotary table: angle(pos, i) = pos · inv_freq[i]; cos and sin are multiplied by scale (the
+ * attention factor of longrope/yarn; 1 otherwise). */
+typedef struct {
+    const float *inv_freq; /* (n_rot / 2) after any scaling */
+    float scale;
+} pl_rope_table;
+
+#define PL_MAX_ROPES 4
 
 typedef struct {
     int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size;
+    int n_positions;           /* rows of pos_embd; 0 without learned positions */
     float norm_eps;
-    float attn_scale;          /* multiplies q·k; 1/sqrt(head_dim) for Llama */
-    float embed_scale;         /* multiplies embeddings; 1 for Llama */
-    int activation;            /* enum pl_activation, gates the MLP */
+    float attn_scale;          /* multiplies q·k: 1/sqrt(head_dim), or query_pre_attn_scalar^-1/2 */
+    float attn_softcap;        /* scores = cap·tanh(scores / cap) before the mask; 0 = none */
+    float logit_softcap;       /* the same on the final logits; 0 = none */
+    float embed_scale;         /* multiplies embeddings; 1 but for Gemma (sqrt(dim) in f32) */
+    int activation;            /* enum pl_activation */
+    int n_rot;                 /* leading dims of each head that rotate; 0 = no rope */
     int rope_interleaved;      /* 0: rotate halves (HF); 1: rotate adjacent pairs (GGUF llama) */
-    const float *rope_inv_freq; /* (head_dim / 2) frequencies after any scaling */
-    pl_tensor tok_embd;        /* (vocab_size, dim) */
-    const float *out_norm;     /* (dim) */
-    pl_tensor lm_head;         /* (vocab_size, dim); may be tok_embd itself */
+    int n_ropes;
+    pl_rope_table ropes[PL_MAX_ROPES];
+    PL_MODEL_SLOTS(PL_SLOT_FIELD)
     pl_layer *layers;          /* (n_layers) */
     pl_sgemm_fn sgemm;         /* NULL: prefill uses the vec_dot kernels */
     pl_blas_threads blas;      /* both NULL if the BLAS's threads cannot be controlled */

@@ -20,12 +20,14 @@ static void *alloc_aligned(size_t n) {
 static void free_aligned(void *p) { free(p); }
 #endif
 
+/* Calls fn on every matrix the forward multiplies by (tok_embd and pos_embd are only read by row). */
 static void for_each_weight(const pl_model *m, void (*fn)(const pl_tensor *, void *), void *arg) {
-    for (int l = 0; l < m->n_layers; l++) {
-        const pl_layer *L = &m->layers[l];
-        const pl_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) fn(ws[i], arg);
-    }
+    for (int l = 0; l < m->n_layers; l++)
+        for (int i = 0; i < pl_layer_slot_count(); i++) {
+            const pl_slot *slot = pl_layer_slot(i);
+            const pl_tensor *t = (const pl_tensor *)((const char *)&m->layers[l] + slot->offset);
+            if (slot->kind == PL_SLOT_MATRIX && t->data) fn(t, arg);
+        }
     fn(&m->lm_head, arg);
 }
 
@@ -43,42 +45,9 @@ static void measure(const pl_tensor *w, void *arg) {
     if (w->type != PL_TYPE_F32) need->any_converted = 1;
 }
 
-static const char *check_tensor(const pl_tensor *t, int64_t rows, int64_t cols) {
-    if (!t->data) return "a weight has no data";
-    if (!pl_traits(t->type) || !pl_traits(t->type)->vec_dot) return "a weight has a type pyllm cannot multiply";
-    if (t->rows != rows || t->cols != cols) return "a weight's shape does not match the model";
-    if (pl_row_size(t->type, t->cols) < 0) return "a weight's rows are not whole blocks";
-    return NULL;
-}
-
-const char *pl_model_check(const pl_model *m) {
-    if (m->n_layers < 1 || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 || m->head_dim < 2 ||
-        m->ffn_dim < 1 || m->vocab_size < 1)
-        return "a model dimension is not positive";
-    if (m->head_dim % 2) return "head_dim must be even for rotary embeddings";
-    if (m->n_heads % m->n_kv_heads) return "n_heads must be a multiple of n_kv_heads";
-    if (!m->layers || !m->rope_inv_freq || !m->out_norm) return "the model is missing tables";
-    int64_t qd = (int64_t)m->n_heads * m->head_dim, kvd = (int64_t)m->n_kv_heads * m->head_dim;
-    const char *e;
-    if ((e = check_tensor(&m->tok_embd, m->vocab_size, m->dim))) return e;
-    if ((e = check_tensor(&m->lm_head, m->vocab_size, m->dim))) return e;
-    for (int l = 0; l < m->n_layers; l++) {
-        const pl_layer *L = &m->layers[l];
-        if (!L->attn_norm || !L->ffn_norm) return "a layer is missing a norm";
-        if ((e = check_tensor(&L->wq, qd, m->dim)) || (e = check_tensor(&L->wk, kvd, m->dim)) ||
-            (e = check_tensor(&L->wv, kvd, m->dim)) || (e = check_tensor(&L->wo, m->dim, qd)) ||
-            (e = check_tensor(&L->w_gate, m->ffn_dim, m->dim)) ||
-            (e = check_tensor(&L->w_up, m->ffn_dim, m->dim)) ||
-            (e = check_tensor(&L->w_down, m->dim, m->ffn_dim)))
-            return e;
-        if (L->sliding_window < 0) return "a sliding window is negative";
-    }
-    return NULL;
-}
-
 void pl_state_free(pl_state *s) {
     if (!s) return;
-    float *bufs[] = {s->k_cache, s->v_cache, s->rope_cos, s->rope_sin, s->x, s->xn, s->q,
+    float *bufs[] = {s->k_cache, s->v_cache, s->rope_cos, s->rope_sin, s->x, s->xn, s->q, s->pos_row,
                      s->att, s->tmp, s->gate, s->up, s->scores, s->mm.wtile};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free_aligned(bufs[i]);
     free_aligned(s->mm.xq);
@@ -87,6 +56,7 @@ void pl_state_free(pl_state *s) {
 
 pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threads) {
     if (n_ctx < 1 || n_batch < 1 || n_threads < 1) return NULL;
+    if (m->pos_embd.data && n_ctx > m->n_positions) return NULL; /* no position past the table */
     if (n_batch > n_ctx) n_batch = n_ctx;
     pl_state *s = calloc(1, sizeof *s);
     if (!s) return NULL;
@@ -94,12 +64,14 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
     s->n_batch = n_batch;
     s->n_threads = n_threads;
     s->kv_dim = m->n_kv_heads * m->head_dim;
-    size_t f = sizeof(float), half = (size_t)m->head_dim / 2, qd = (size_t)m->n_heads * m->head_dim;
+    size_t f = sizeof(float), half = (size_t)m->n_rot / 2, qd = (size_t)m->n_heads * m->head_dim;
+    size_t n_ropes = m->n_rot ? (size_t)m->n_ropes : 0;
     size_t cache = (size_t)m->n_layers * n_ctx * s->kv_dim * f;
     s->k_cache = alloc_aligned(cache);
     s->v_cache = alloc_aligned(cache);
-    s->rope_cos = alloc_aligned(n_ctx * half * f);
-    s->rope_sin = alloc_aligned(n_ctx * half * f);
+    s->rope_cos = alloc_aligned(n_ropes * n_ctx * half * f);
+    s->rope_sin = alloc_aligned(n_ropes * n_ctx * half * f);
+    s->pos_row = alloc_aligned((size_t)n_threads * m->dim * f);
     s->x = alloc_aligned((size_t)n_batch * m->dim * f);
     s->xn = alloc_aligned((size_t)n_batch * m->dim * f);
     s->q = alloc_aligned(n_batch * qd * f);
@@ -121,17 +93,22 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
         s->mm.wtile = alloc_aligned((size_t)n_threads * (size_t)s->mm.tile_floats * f);
         if (!s->mm.wtile) goto fail;
     }
-    if (!s->k_cache || !s->v_cache || !s->rope_cos || !s->rope_sin || !s->x || !s->xn || !s->q ||
+    if (!s->k_cache || !s->v_cache || !s->rope_cos || !s->rope_sin || !s->pos_row || !s->x || !s->xn || !s->q ||
         !s->att || !s->tmp || !s->gate || !s->up || !s->scores || !s->mm.xq)
         goto fail;
 
-    /* Angles in float32, as transformers computes them (position × inv_freq, then cos/sin). */
-    for (int p = 0; p < n_ctx; p++)
-        for (size_t i = 0; i < half; i++) {
-            float angle = (float)p * m->rope_inv_freq[i];
-            s->rope_cos[p * half + i] = cosf(angle);
-            s->rope_sin[p * half + i] = sinf(angle);
-        }
+    /* Angles in float32, as transformers computes them (position × inv_freq, then cos/sin, then
+     * the attention scale of scaled variants). */
+    for (size_t r = 0; r < n_ropes; r++) {
+        const pl_rope_table *rope = &m->ropes[r];
+        float *cs = s->rope_cos + r * n_ctx * half, *sn = s->rope_sin + r * n_ctx * half;
+        for (int p = 0; p < n_ctx; p++)
+            for (size_t i = 0; i < half; i++) {
+                float angle = (float)p * rope->inv_freq[i];
+                cs[p * half + i] = cosf(angle) * rope->scale;
+                sn[p * half + i] = sinf(angle) * rope->scale;
+            }
+    }
     return s;
 fail:
     pl_state_free(s);

@@ -29,6 +29,8 @@ cdef extern from "pyllm.h" nogil:
     ctypedef struct pl_vec_kernels:
         void (*softmax)(float *x, int n) noexcept nogil
         void (*swiglu)(float *gate, const float *up, int n) noexcept nogil
+        void (*geglu)(float *gate, const float *up, int n) noexcept nogil
+        void (*gelu)(float *x, int n) noexcept nogil
     pl_vec_kernels pl_vec
     const pl_type_traits *pl_traits(int type)
     int64_t pl_row_size(int type, int64_t n)
@@ -55,24 +57,34 @@ cdef extern from "pyllm.h" nogil:
         int64_t rows
         int64_t cols
         const void *data
+    ctypedef struct pl_norm:
+        const float *w
+        const float *b
+        int kind
+    # The slot fields are reached through pl_layer_slot()/pl_model_slot() offsets, not by name.
     ctypedef struct pl_layer:
-        const float *attn_norm
-        pl_tensor wq, wk, wv
-        const float *bq
-        const float *bk
-        const float *bv
-        pl_tensor wo
-        const float *ffn_norm
-        pl_tensor w_gate, w_up, w_down
         int sliding_window
+        int rope
+    ctypedef struct pl_slot:
+        const char *name
+        int kind
+        int rows
+        int cols
+        int required
+        size_t offset
+    int pl_layer_slot_count()
+    const pl_slot *pl_layer_slot(int i)
+    int pl_model_slot_count()
+    const pl_slot *pl_model_slot(int i)
+    ctypedef struct pl_rope_table:
+        const float *inv_freq
+        float scale
+    enum: PL_MAX_ROPES
     ctypedef struct pl_model:
-        int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size
-        float norm_eps, attn_scale, embed_scale
-        int activation, rope_interleaved
-        const float *rope_inv_freq
-        pl_tensor tok_embd
-        const float *out_norm
-        pl_tensor lm_head
+        int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, n_positions
+        float norm_eps, attn_scale, attn_softcap, logit_softcap, embed_scale
+        int activation, n_rot, rope_interleaved, n_ropes
+        pl_rope_table ropes[PL_MAX_ROPES]
         pl_layer *layers
         pl_sgemm_fn sgemm
         pl_blas_threads blas
@@ -326,11 +338,51 @@ cdef inline const float *_f32_ptr(object arr):
     return <const float *><uintptr_t>arr.ctypes.data if arr is not None else NULL
 
 
-cdef pl_tensor _tensor(tuple spec):
-    cdef pl_tensor t
-    t.type, t.rows, t.cols = spec[0], spec[1], spec[2]
-    t.data = <const void *><uintptr_t>spec[3]
-    return t
+SLOT_KINDS = ("matrix", "norm", "vector")
+SLOT_DIMS = ("one", "dim", "q", "kv", "ffn", "head", "vocab", "pos")
+NORM_KINDS = {"rms": 0, "layer": 1}
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+
+
+cdef tuple _slot_table(int count, const pl_slot *(*get)(int) noexcept nogil):
+    out = []
+    cdef const pl_slot *slot
+    for i in range(count):
+        slot = get(i)
+        out.append((slot.name.decode(), SLOT_KINDS[slot.kind], SLOT_DIMS[slot.rows], SLOT_DIMS[slot.cols],
+                    bool(slot.required)))
+    return tuple(out)
+
+
+# The one slot list of csrc/pyllm.h, as (name, kind, rows, cols, required): what the binder checks.
+LAYER_SLOTS = _slot_table(pl_layer_slot_count(), pl_layer_slot)
+MODEL_SLOTS = _slot_table(pl_model_slot_count(), pl_model_slot)
+
+
+cdef int _fill_slot(char *owner, const pl_slot *slot, object value, list keep) except -1:
+    """Writes a bound value into the slot's field: (type, rows, cols, address) for a matrix,
+    (w, b or None, kind) float32 arrays for a norm, a float32 array for a vector."""
+    cdef char *field = owner + slot.offset
+    cdef pl_tensor *t
+    cdef pl_norm *nrm
+    if slot.kind == 0:
+        t = <pl_tensor *>field
+        t.type, t.rows, t.cols = value[0], value[1], value[2]
+        t.data = <const void *><uintptr_t>value[3]
+    elif slot.kind == 1:
+        w, b, kind = value
+        for arr in (w, b):
+            if arr is not None and (arr.dtype != np.float32 or not arr.flags.c_contiguous or arr.ndim != 1):
+                raise ValueError(f"{slot.name.decode()} must be C-contiguous float32 vectors")
+        nrm = <pl_norm *>field
+        nrm.w, nrm.b, nrm.kind = _f32_ptr(w), _f32_ptr(b), NORM_KINDS[kind]
+        keep.append((w, b))
+    else:
+        if value.dtype != np.float32 or not value.flags.c_contiguous or value.ndim != 1:
+            raise ValueError(f"{slot.name.decode()} must be a C-contiguous float32 vector")
+        (<const float **>field)[0] = _f32_ptr(value)
+        keep.append(value)
+    return 0
 
 
 # One forward at a time in the process: a thread pool runs one job at a time, a sequence's cache is
@@ -342,68 +394,69 @@ _forward_lock = threading.Lock()
 cdef class CoreModel:
     """The C model struct over weights in place, and the thread pool that runs it.
 
-    hparams: ints/floats named as pl_model's fields; tensors: name -> (type, rows, cols, address)
-    for tok_embd, lm_head and layers.{i}.{wq,wk,wv,wo,w_gate,w_up,w_down}; vectors: name -> float32
-    C-contiguous numpy array for rope_inv_freq, out_norm, layers.{i}.{attn_norm,ffn_norm,bq,bk,bv}.
-    keep: objects (mmaps, arrays) that own the memory the addresses point into.
+    hparams: ints/floats named as pl_model's fields (activation by name, see ACTIVATIONS).
+    slots: "tok_embd", "out_norm", ... and "layers.{i}.wq", ... -> a value for _fill_slot; a slot
+    left out is absent. layers: per layer (sliding_window, rope index). ropes: (inv_freq float32
+    (n_rot / 2,), scale) per rotary table. keep: objects (mmaps, arrays) that own the memory the
+    matrix addresses point into.
     """
     cdef pl_model m
     cdef pl_pool *pool
     cdef object keep
     cdef readonly int n_threads
     cdef readonly tuple weight_types  # the types of every matrix, as bound
+    cdef readonly frozenset slot_names  # the slots present in some layer or the model ("bq", "pos_embd", ...)
 
-    def __cinit__(self, dict hparams, dict tensors, dict vectors, list sliding_windows, object keep,
-                  int threads, bint use_blas=True, tuple blas_controls=(0, 0)):
-        self.keep = (keep, vectors)
-        self.weight_types = tuple(sorted({int(spec[0]) for spec in tensors.values()}))
-        for name, arr in vectors.items():
-            if arr is not None and (arr.dtype != np.float32 or not arr.flags.c_contiguous):
-                raise ValueError(f"{name} must be a C-contiguous float32 array")
+    def __cinit__(self, dict hparams, dict slots, list layers, list ropes, object keep, int threads,
+                  bint use_blas=True, tuple blas_controls=(0, 0)):
+        cdef list held = []
+        self.keep = (keep, held)
+        self.weight_types = tuple(sorted({int(v[0]) for k, v in slots.items()
+                                          if _is_matrix(k)}))
+        self.slot_names = frozenset(k.rpartition(".")[2] for k in slots)
         m = &self.m
-        m.n_layers = hparams["n_layers"]
-        m.dim = hparams["dim"]
-        m.n_heads = hparams["n_heads"]
-        m.n_kv_heads = hparams["n_kv_heads"]
-        m.head_dim = hparams["head_dim"]
-        m.ffn_dim = hparams["ffn_dim"]
-        m.vocab_size = hparams["vocab_size"]
-        m.norm_eps = hparams["norm_eps"]
-        m.attn_scale = hparams["attn_scale"]
+        for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
+                     "n_positions", "n_rot"):
+            if not isinstance(hparams[name], int):
+                raise ValueError(f"{name} must be an int")
+        m.n_layers, m.dim, m.n_heads = hparams["n_layers"], hparams["dim"], hparams["n_heads"]
+        m.n_kv_heads, m.head_dim, m.ffn_dim = hparams["n_kv_heads"], hparams["head_dim"], hparams["ffn_dim"]
+        m.vocab_size, m.n_positions = hparams["vocab_size"], hparams["n_positions"]
+        m.norm_eps, m.attn_scale = hparams["norm_eps"], hparams["attn_scale"]
+        m.attn_softcap, m.logit_softcap = hparams["attn_softcap"], hparams["logit_softcap"]
         m.embed_scale = hparams["embed_scale"]
-        m.activation = hparams["activation"]
-        m.rope_interleaved = hparams["rope_interleaved"]
-        if len(sliding_windows) != m.n_layers:
-            raise ValueError("one sliding window per layer")
-        if vectors["rope_inv_freq"].shape[0] != m.head_dim // 2:
-            raise ValueError("rope_inv_freq must hold head_dim / 2 frequencies")
-        for name, arr in vectors.items():
-            if arr is not None and name.endswith("norm") and arr.shape[0] != m.dim:
-                raise ValueError(f"{name} has {arr.shape[0]} values, expected {m.dim}")
-        m.rope_inv_freq = _f32_ptr(vectors["rope_inv_freq"])
-        m.out_norm = _f32_ptr(vectors["out_norm"])
-        m.tok_embd = _tensor(tensors["tok_embd"])
-        m.lm_head = _tensor(tensors["lm_head"])
+        m.activation = ACTIVATIONS[hparams["activation"]]
+        m.n_rot, m.rope_interleaved = hparams["n_rot"], int(hparams["rope_interleaved"])
+        if len(layers) != m.n_layers:
+            raise ValueError("one (sliding_window, rope) per layer")
+        if len(ropes) > PL_MAX_ROPES:
+            raise ValueError(f"at most {PL_MAX_ROPES} rotary tables")
+        m.n_ropes = len(ropes)
+        for r, (inv_freq, scale) in enumerate(ropes):
+            if inv_freq.dtype != np.float32 or not inv_freq.flags.c_contiguous or inv_freq.shape != (m.n_rot // 2,):
+                raise ValueError("a rotary table must hold n_rot / 2 float32 frequencies")
+            m.ropes[r].inv_freq = _f32_ptr(inv_freq)
+            m.ropes[r].scale = scale
+            held.append(inv_freq)
+        cdef const pl_slot *slot
+        for i in range(pl_model_slot_count()):
+            slot = pl_model_slot(i)
+            name = slot.name.decode()
+            if name in slots:
+                _fill_slot(<char *>m, slot, slots[name], held)
         m.layers = <pl_layer *>calloc(m.n_layers, sizeof(pl_layer))
         if m.layers == NULL:
             raise MemoryError()
         cdef pl_layer *L
-        for i in range(m.n_layers):
-            L = &m.layers[i]
-            p = f"layers.{i}."
-            L.attn_norm = _f32_ptr(vectors[p + "attn_norm"])
-            L.ffn_norm = _f32_ptr(vectors[p + "ffn_norm"])
-            L.bq = _f32_ptr(vectors.get(p + "bq"))
-            L.bk = _f32_ptr(vectors.get(p + "bk"))
-            L.bv = _f32_ptr(vectors.get(p + "bv"))
-            L.wq = _tensor(tensors[p + "wq"])
-            L.wk = _tensor(tensors[p + "wk"])
-            L.wv = _tensor(tensors[p + "wv"])
-            L.wo = _tensor(tensors[p + "wo"])
-            L.w_gate = _tensor(tensors[p + "w_gate"])
-            L.w_up = _tensor(tensors[p + "w_up"])
-            L.w_down = _tensor(tensors[p + "w_down"])
-            L.sliding_window = sliding_windows[i] or 0
+        for l in range(m.n_layers):
+            L = &m.layers[l]
+            L.sliding_window, L.rope = layers[l]
+            for i in range(pl_layer_slot_count()):
+                slot = pl_layer_slot(i)
+                name = f"layers.{l}.{slot.name.decode()}"
+                if name in slots:
+                    _fill_slot(<char *>L, slot, slots[name], held)
+        self._check_vector_lengths(slots)
         m.sgemm = <pl_sgemm_fn>scipy_sgemm if use_blas else NULL
         m.blas = _blas_controls(blas_controls)
         cdef const char *err = pl_model_check(m)
@@ -414,6 +467,21 @@ cdef class CoreModel:
             raise MemoryError("could not start threads")
         self.n_threads = pl_pool_size(self.pool)
 
+    def _check_vector_lengths(self, dict slots):
+        """Norms and biases are read as far as the slot's size: shorter arrays never reach C."""
+        sizes = {"one": 1, "dim": self.m.dim, "q": self.m.n_heads * self.m.head_dim,
+                 "kv": self.m.n_kv_heads * self.m.head_dim, "ffn": self.m.ffn_dim,
+                 "head": self.m.head_dim}
+        table = {name: rows for name, kind, rows, _, _ in LAYER_SLOTS + MODEL_SLOTS if kind != "matrix"}
+        for key, value in slots.items():
+            base = key.rpartition(".")[2]
+            if base not in table:
+                continue
+            arrays = value[:2] if isinstance(value, tuple) else (value,)
+            for arr in arrays:
+                if arr is not None and arr.shape[0] != sizes[table[base]]:
+                    raise ValueError(f"{key} has {arr.shape[0]} values, expected {sizes[table[base]]}")
+
     def __dealloc__(self):
         if self.pool != NULL:
             pl_pool_free(self.pool)
@@ -422,6 +490,13 @@ cdef class CoreModel:
     @property
     def vocab_size(self) -> int:
         return self.m.vocab_size
+
+
+_MATRIX_SLOTS = {name for name, kind, *_ in LAYER_SLOTS + MODEL_SLOTS if kind == "matrix"}
+
+
+def _is_matrix(key: str) -> bool:
+    return key.rpartition(".")[2] in _MATRIX_SLOTS
 
 
 cdef class CoreSequence:
@@ -478,3 +553,138 @@ cdef class CoreSequence:
             raise RuntimeError(f"forward failed with status {rc}")
         self.tokens_processed += n
         return out
+
+
+# ---------------------------------------------------------------- ops, for tests against numpy
+
+cdef extern from "kernels.h" nogil:
+    void pl_norm_apply(float *out, const float *x, const pl_norm *norm, int n, float eps)
+    void pl_rope(float *x, int n_heads, int head_dim, int n_rot, const float *cos, const float *sin,
+                 int interleaved)
+    void pl_softcap(float *x, int64_t n, float cap)
+    void pl_attention(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
+                      int pos0, int n, int window, float *out, float *scores, int ith, int nth)
+    void pl_attention_blas(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
+                           int pos0, int n, int window, float *out, float *scores, pl_sgemm_fn sgemm,
+                           int ith, int nth)
+    enum: PL_ATTN_QBLOCK
+
+
+def norm(const float[::1] x, const float[::1] w, b=None, str kind="rms", float eps=1e-6):
+    """The engine's RMSNorm or LayerNorm of one row."""
+    if w.shape[0] != x.shape[0] or x.shape[0] == 0:
+        raise ValueError("x and w must have the same, non-zero length")
+    cdef const float[::1] bv
+    cdef pl_norm nrm
+    nrm.w = &w[0]
+    nrm.b = NULL
+    nrm.kind = NORM_KINDS[kind]
+    if b is not None:
+        bv = b
+        if bv.shape[0] != x.shape[0]:
+            raise ValueError("b must have x's length")
+        nrm.b = &bv[0]
+    out = np.empty(x.shape[0], dtype=np.float32)
+    cdef float[::1] o = out
+    pl_norm_apply(&o[0], &x[0], &nrm, <int>x.shape[0], eps)
+    return out
+
+
+def rope(const float[:, ::1] x, int n_heads, int n_rot, const float[::1] cos, const float[::1] sin,
+         bint interleaved=False):
+    """The engine's rotation of each row of x (n_heads heads each) by one position's cos/sin."""
+    if x.shape[1] % n_heads or n_rot > x.shape[1] // n_heads or n_rot % 2 or n_rot < 0:
+        raise ValueError("bad head layout")
+    if cos.shape[0] < n_rot // 2 or sin.shape[0] < n_rot // 2:
+        raise ValueError("cos/sin must hold n_rot / 2 values")
+    out = np.array(x, dtype=np.float32)
+    cdef float[:, ::1] o = out
+    for r in range(o.shape[0]):
+        pl_rope(&o[r, 0], n_heads, <int>(x.shape[1] // n_heads), n_rot, &cos[0], &sin[0], interleaved)
+    return out
+
+
+def softcap(const float[::1] x, float cap):
+    out = np.array(x, dtype=np.float32)
+    cdef float[::1] o = out
+    if cap <= 0:
+        raise ValueError("cap must be positive")
+    if o.shape[0]:
+        pl_softcap(&o[0], o.shape[0], cap)
+    return out
+
+
+def geglu(const float[::1] gate, const float[::1] up):
+    """gelu_tanh(gate) · up through the engine's kernel."""
+    if gate.shape[0] != up.shape[0]:
+        raise ValueError("gate and up differ in length")
+    out = np.array(gate, dtype=np.float32)
+    cdef float[::1] o = out
+    if o.shape[0]:
+        pl_vec.geglu(&o[0], &up[0], <int>o.shape[0])
+    return out
+
+
+def gelu(const float[::1] x):
+    """gelu_tanh(x) through the engine's kernel."""
+    out = np.array(x, dtype=np.float32)
+    cdef float[::1] o = out
+    if o.shape[0]:
+        pl_vec.gelu(&o[0], <int>o.shape[0])
+    return out
+
+
+cdef struct _attention_job:
+    pl_model *m
+    const float *q
+    const float *k
+    const float *v
+    int pos0, n, window
+    float *out
+    float *scores
+    int64_t scores_per_thread
+    bint blas
+
+
+cdef void _attention_task(void *arg, int ith, int nth) noexcept nogil:
+    cdef _attention_job *j = <_attention_job *>arg
+    if j.blas:
+        pl_attention_blas(j.m, j.q, j.k, j.v, j.pos0, j.n, j.window, j.out,
+                          j.scores + ith * j.scores_per_thread, <pl_sgemm_fn>scipy_sgemm, ith, nth)
+    else:
+        pl_attention(j.m, j.q, j.k, j.v, j.pos0, j.n, j.window, j.out,
+                     j.scores + ith * j.scores_per_thread, ith, nth)
+
+
+def attention(const float[:, ::1] q, const float[:, ::1] k, const float[:, ::1] v, int n_heads,
+              int n_kv_heads, float scale, int pos0=0, int window=0, float softcap=0.0,
+              bint blas=False, int threads=1):
+    """The engine's causal attention of q (n, n_heads·hd) at positions pos0.. over the cache k, v
+    (pos0 + n, n_kv_heads·hd): the vec path, or the sgemm path with blas=True."""
+    cdef int n = q.shape[0]
+    if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads or q.shape[1] % n_heads:
+        raise ValueError("bad head counts")
+    cdef int hd = q.shape[1] // n_heads
+    if k.shape[0] != pos0 + n or v.shape[0] != pos0 + n or k.shape[1] != n_kv_heads * hd or v.shape[1] != k.shape[1]:
+        raise ValueError("k and v must hold pos0 + n rows of n_kv_heads · head_dim")
+    if n == 0 or window < 0 or softcap < 0:
+        raise ValueError("bad arguments")
+    cdef pl_model m
+    m.n_heads, m.n_kv_heads, m.head_dim = n_heads, n_kv_heads, hd
+    m.attn_scale, m.attn_softcap = scale, softcap
+    out = np.zeros((n, q.shape[1]), dtype=np.float32)
+    cdef float[:, ::1] o = out
+    cdef int64_t per = (PL_ATTN_QBLOCK if blas else 1) * (pos0 + n)
+    scores = np.zeros(per * threads, dtype=np.float32)
+    cdef float[::1] sv = scores
+    cdef _attention_job job
+    job.m, job.q, job.k, job.v = &m, &q[0, 0], &k[0, 0], &v[0, 0]
+    job.pos0, job.n, job.window, job.out = pos0, n, window, &o[0, 0]
+    job.scores, job.scores_per_thread, job.blas = &sv[0], per, blas
+    cdef pl_pool *pool = pl_pool_create(threads)
+    if pool == NULL:
+        raise MemoryError("could not start threads")
+    with nogil:
+        pl_pool_run(pool, _attention_task, &job)
+    pl_pool_free(pool)
+    return out

@@ -55,27 +55,21 @@ def parse_dtype(dtype: str | None) -> WeightType | None:
 
 
 class _Binder:
-    def __init__(self, spec: ModelSpec, tensors: Mapping[str, TensorInfo], source: str,
-                 dtype: WeightType | None, threads: int):
+    def __init__(self, spec: ModelSpec, source: str, dtype: WeightType | None, threads: int):
         self.spec = spec
-        self.tensors = tensors
         self.source = source
         self.dtype = dtype
         self.threads = threads
         self.owned: dict[tuple[str, int], np.ndarray] = {}  # converted matrices
+        self.sizes = {"one": 1, "dim": spec.dim, "q": spec.n_heads * spec.head_dim,
+                      "kv": spec.n_kv_heads * spec.head_dim, "ffn": spec.ffn_dim, "head": spec.head_dim,
+                      "vocab": spec.vocab_size, "pos": spec.n_positions}
 
-    def find(self, name: str) -> TensorInfo:
-        info = self.tensors.get(name)
-        if info is None:
-            raise FormatError(self.source, f"tensor {name!r} is missing")
-        return info
-
-    def matrix(self, name: str, rows: int, cols: int, head: bool = False) -> tuple[int, int, int, int]:
-        info = self.find(name)
+    def matrix(self, slot: str, info, rows: int, cols: int, head: bool = False) -> tuple[int, int, int, int]:
         if tuple(info.shape) != (rows, cols):
-            raise FormatError(self.source, f"tensor {name!r} has shape {info.shape}, expected {(rows, cols)}")
+            raise FormatError(self.source, f"tensor {info.name!r} ({slot}) has shape {info.shape}, expected {(rows, cols)}")
         if not _core.supports(int(info.wtype)):
-            raise UnsupportedModelError(f"{self.source}: tensor {name!r} has type {info.wtype.name}, which pyllm cannot multiply yet")
+            raise UnsupportedModelError(f"{self.source}: tensor {info.name!r} has type {info.wtype.name}, which pyllm cannot multiply yet")
         target = self.dtype
         if head and target in LOW_BIT:
             target = WeightType.Q6_K
@@ -83,69 +77,84 @@ class _Binder:
             target = K_QUANT_FALLBACK[target]
         if target is None or target == info.wtype:
             return (int(info.wtype), rows, cols, info.address)
-        key = (name, int(target))  # a tied head converted like the embeddings shares their bytes
+        key = (info.name, int(target))  # a tied head converted like the embeddings shares their bytes
         if key not in self.owned:
             self.owned[key] = _core.convert_tensor(int(info.wtype), info.bytes(), rows, cols,
                                                    int(target), self.threads)
         return (int(target), rows, cols, int(self.owned[key].ctypes.data))
 
-    def vector(self, name: str, n: int, optional: bool = False) -> np.ndarray | None:
-        if optional and name not in self.tensors:
-            return None
-        info = self.find(name)
+    def vector(self, slot: str, info, n: int) -> np.ndarray:
         if tuple(info.shape) != (n,):
-            raise FormatError(self.source, f"tensor {name!r} has shape {info.shape}, expected {(n,)}")
+            raise FormatError(self.source, f"tensor {info.name!r} ({slot}) has shape {info.shape}, expected {(n,)}")
         return np.ascontiguousarray(to_float32(info), dtype=np.float32)
+
+    def slot(self, key: str, table_entry, bound: Mapping) -> object | None:
+        """The value for one slot of csrc/pyllm.h's list, or None where the family bound nothing."""
+        name, kind, rows, cols, required = table_entry
+        info = bound.get(key)
+        if info is None:
+            if required:
+                raise FormatError(self.source, f"the model has no tensor for {key}")
+            return None
+        if kind == "matrix":
+            return self.matrix(key, info, self.sizes[rows], self.sizes[cols], head=key == "lm_head")
+        n = self.sizes[rows]
+        if kind == "vector":
+            return self.vector(key, info, n)
+        # q/k norms are RMS in every family; the block norms are the spec's kind
+        norm_kind = "rms" if name in ("q_norm", "k_norm") else self.spec.norm_kind
+        bias = bound.get(key + ".bias")
+        if bias is not None and norm_kind != "layer":
+            raise FormatError(self.source, f"{key} is an RMS norm but the checkpoint gives it a bias")
+        return (self.vector(key, info, n), None if bias is None else self.vector(key + ".bias", bias, n), norm_kind)
 
 
 def build_core(
     spec: ModelSpec,
-    names: tuple[dict[str, str], dict[str, str]],
-    tensors: Mapping[str, TensorInfo],
+    bound: Mapping,
     source: str,
     keep: object,
     threads: int,
     use_blas: bool = True,
     dtype: WeightType | None = None,
 ) -> _core.CoreModel:
-    """The C model for spec over tensors named by names (global map, per-layer map); keep owns
-    the memory the tensors lie in."""
-    b = _Binder(spec, tensors, source, dtype, threads)
-    g, names = names
-    qd, kvd = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
-    head = g["tok_embd"] if spec.tied_embeddings else g["lm_head"]
-    mats = {"lm_head": b.matrix(head, spec.vocab_size, spec.dim, head=True)}
-    mats["tok_embd"] = (mats["lm_head"] if spec.tied_embeddings
-                        else b.matrix(g["tok_embd"], spec.vocab_size, spec.dim))
-    vecs: dict[str, np.ndarray | None] = {
-        "rope_inv_freq": np.ascontiguousarray(spec.rope_inv_freq, dtype=np.float32),
-        "out_norm": b.vector(g["out_norm"], spec.dim),
-    }
-    shapes = {
-        "wq": (qd, spec.dim), "wk": (kvd, spec.dim), "wv": (kvd, spec.dim), "wo": (spec.dim, qd),
-        "w_gate": (spec.ffn_dim, spec.dim), "w_up": (spec.ffn_dim, spec.dim),
-        "w_down": (spec.dim, spec.ffn_dim),
-    }
+    """The C model for spec over bound (engine slot -> tensor, as a family's hf_tensors or
+    gguf_tensors gives it); keep owns the memory the tensors lie in. Every slot of csrc/pyllm.h's
+    list is checked here — shape, type, presence — before an address reaches C."""
+    b = _Binder(spec, source, dtype, threads)
+    bound = dict(bound)
+    if spec.tied_embeddings:
+        bound.setdefault("lm_head", bound.get("tok_embd"))
+    slots: dict[str, object] = {}
+    # the head first: tied, the embeddings share its (possibly re-encoded) bytes
+    for entry in sorted(_core.MODEL_SLOTS, key=lambda e: e[0] != "lm_head"):
+        value = b.slot(entry[0], entry, bound)
+        if value is not None:
+            slots[entry[0]] = value
+    if spec.tied_embeddings:
+        slots["tok_embd"] = slots["lm_head"]
     for i in range(spec.n_layers):
-        p = f"layers.{i}."
-        for slot, (rows, cols) in shapes.items():
-            mats[p + slot] = b.matrix(names[slot].format(i=i), rows, cols)
-        for slot in ("attn_norm", "ffn_norm"):
-            vecs[p + slot] = b.vector(names[slot].format(i=i), spec.dim)
-        for slot, n in (("bq", qd), ("bk", kvd), ("bv", kvd)):
-            if slot in names:
-                vecs[p + slot] = b.vector(names[slot].format(i=i), n, optional=not spec.qkv_bias)
+        for entry in _core.LAYER_SLOTS:
+            key = f"layers.{i}.{entry[0]}"
+            value = b.slot(key, entry, bound)
+            if value is not None:
+                slots[key] = value
     hparams = {
         "n_layers": spec.n_layers, "dim": spec.dim, "n_heads": spec.n_heads,
         "n_kv_heads": spec.n_kv_heads, "head_dim": spec.head_dim, "ffn_dim": spec.ffn_dim,
-        "vocab_size": spec.vocab_size, "norm_eps": spec.norm_eps, "attn_scale": spec.attn_scale,
-        "embed_scale": spec.embed_scale, "activation": {"silu": 0, "gelu_tanh": 1}[spec.activation],
-        "rope_interleaved": int(spec.rope_interleaved),
+        "vocab_size": spec.vocab_size, "n_positions": spec.n_positions, "norm_eps": spec.norm_eps,
+        "attn_scale": spec.attn_scale, "attn_softcap": spec.attn_softcap,
+        "logit_softcap": spec.logit_softcap, "embed_scale": spec.embed_scale,
+        "activation": spec.activation, "n_rot": spec.n_rot, "rope_interleaved": spec.rope_interleaved,
     }
+    ropes = [(np.ascontiguousarray(r.inv_freq, dtype=np.float32), float(r.scale)) for r in spec.ropes]
+    layers = [(int(w), int(r)) for w, r in zip(spec.sliding_windows, spec.layer_ropes)]
     # Once every matrix has been re-encoded the file's mapping is not needed: dropping it lets
     # quantize-on-load end with the quantized bytes resident, not the file's as well.
     owned = {int(a.ctypes.data) for a in b.owned.values()}
-    mapped = [m for m in mats.values() if m[3] not in owned]
-    return _core.CoreModel(hparams, mats, vecs, list(spec.sliding_windows),
-                           (keep if mapped else None, b.owned), threads, use_blas,
-                           openblas_thread_controls())
+    mapped = [v for k, v in slots.items() if _core._is_matrix(k) and v[3] not in owned]
+    try:
+        return _core.CoreModel(hparams, slots, layers, ropes, ((keep, bound) if mapped else None, b.owned),
+                               threads, use_blas, openblas_thread_controls())
+    except ValueError as e:
+        raise FormatError(source, str(e)) from None

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _core, arch, hub
 from .arch.spec import ModelSpec
-from .binding import build_core, parse_dtype, to_float32
+from .binding import build_core, parse_dtype
 from .dtypes import WeightType
 from .errors import ContextLengthError, FormatError
 from .formats.gguf import GGUFFile
@@ -312,8 +312,8 @@ def _load_folder(folder: str, threads: int, dtype):
     except (KeyError, TypeError, ValueError) as e:
         raise FormatError(os.path.join(folder, "config.json"), f"bad or missing setting: {e}") from None
     checkpoint = open_checkpoint(folder)
-    names = (family.GLOBAL_NAMES, family.LAYER_NAMES)
-    core = build_core(spec, names, checkpoint.tensors, folder, checkpoint, threads, dtype=dtype)
+    bound = family.hf_tensors(spec, checkpoint.tensors, folder)
+    core = build_core(spec, bound, folder, checkpoint, threads, dtype=dtype)
     tokenizer = Tokenizer.from_folder(folder)
     eos = _eos_from(config) | _eos_from(_read_config(folder, "generation_config.json"))
     if tokenizer.eos_id is not None:
@@ -325,15 +325,12 @@ def _load_gguf(path: str, threads: int, dtype):
     gguf = GGUFFile(path)
     meta = gguf.metadata
     family = arch.family_for_gguf(meta)
-    shapes = {name: info.shape for name, info in gguf.tensors.items()}
     try:
-        spec = family.spec_from_gguf(meta, shapes, meta["general.architecture"])
+        spec = family.spec_from_gguf(meta, gguf.tensors, meta["general.architecture"])
     except (KeyError, TypeError, ValueError) as e:
         raise FormatError(path, f"bad or missing metadata: {e}") from None
-    if "rope_freqs.weight" in gguf.tensors:
-        family.apply_rope_freq_factors(spec, to_float32(gguf.tensors["rope_freqs.weight"]))
-    names = (family.GGUF_GLOBAL_NAMES, family.GGUF_LAYER_NAMES)
-    core = build_core(spec, names, gguf.tensors, path, gguf, threads, dtype=dtype)
+    bound = family.gguf_tensors(spec, gguf.tensors, path)
+    core = build_core(spec, bound, path, gguf, threads, dtype=dtype)
     info = tokenizer_from_gguf(meta, source=path)
     tokenizer = Tokenizer(hf=info.tokenizer, bos_id=info.bos_id, eos_id=info.eos_id,
                           chat_template=info.chat_template)
@@ -368,4 +365,6 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
         n_ctx = min(spec.max_seq_len, DEFAULT_MAX_CONTEXT)
     if n_ctx < 1:
         raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
+    if spec.n_positions and n_ctx > spec.n_positions:
+        raise ValueError(f"n_ctx {n_ctx} is more than the {spec.n_positions} positions the model has learned")
     return Model(core, spec, tokenizer, int(n_ctx), path, eos, weights)

@@ -37,7 +37,7 @@ def with_config(checkpoint: str, folder, **changes) -> str:
     ("hidden_size", "64", "hidden_size"),
     ("num_attention_heads", 1.5, "num_attention_heads"),
     ("num_attention_heads", None, "num_attention_heads"),
-    ("num_key_value_heads", 3, "n_kv_heads 3"),
+    ("num_key_value_heads", 3, "num_key_value_heads 3"),
     ("head_dim", -1, "head_dim"),
     ("head_dim", 10**12, "head_dim"),
     ("num_hidden_layers", 2**40, "num_hidden_layers"),

@@ -1,18 +1,31 @@
 """Architectures: a registry from a checkpoint's declared architecture to its family module.
 
-A family module gives `spec_from_config(config) -> ModelSpec` and the tensor-name maps
-GLOBAL_NAMES / LAYER_NAMES (engine slot -> checkpoint name); binding.py does the rest.
+A family module (one per file here) gives ARCHITECTURES / GGUF_ARCHITECTURES (the names it answers
+to), spec_from_config(config) and spec_from_gguf(meta, tensors, arch) -> ModelSpec, and
+hf_tensors / gguf_tensors(spec, tensors, source) -> engine slot -> tensor; binding.py does the rest.
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from types import ModuleType
 
 from ..errors import UnsupportedModelError
-from . import llama
 from .spec import ModelSpec
 
-FAMILIES: dict[str, ModuleType] = {name: llama for name in llama.ARCHITECTURES}
-GGUF_FAMILIES: dict[str, ModuleType] = {name: llama for name in llama.GGUF_ARCHITECTURES}
+_NOT_FAMILIES = {"common", "spec"}
+
+
+def _families() -> list[ModuleType]:
+    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _NOT_FAMILIES)
+    return [importlib.import_module(f"{__name__}.{name}") for name in names]
+
+
+FAMILIES: dict[str, ModuleType] = {}
+GGUF_FAMILIES: dict[str, ModuleType] = {}
+for _module in _families():
+    FAMILIES.update({name: _module for name in _module.ARCHITECTURES})
+    GGUF_FAMILIES.update({name: _module for name in _module.GGUF_ARCHITECTURES})
 
 
 def family_for(config: dict) -> ModuleType:
@@ -22,7 +35,7 @@ def family_for(config: dict) -> ModuleType:
             return FAMILIES[name]
     raise UnsupportedModelError(
         f"architecture {declared or config.get('model_type')!r} is not supported; "
-        f"pyllm runs {sorted(FAMILIES)}"
+        f"pyllm runs {', '.join(sorted(FAMILIES))}"
     )
 
 
@@ -31,7 +44,7 @@ def family_for_gguf(metadata: dict) -> ModuleType:
     if name in GGUF_FAMILIES:
         return GGUF_FAMILIES[name]
     raise UnsupportedModelError(
-        f"GGUF architecture {name!r} is not supported; pyllm runs {sorted(GGUF_FAMILIES)}"
+        f"GGUF architecture {name!r} is not supported; pyllm runs {', '.join(sorted(GGUF_FAMILIES))}"
     )
 
 

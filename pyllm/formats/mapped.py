@@ -72,3 +72,23 @@ class WeightSummary:
     @classmethod
     def of(cls, info: TensorInfo) -> "WeightSummary":
         return cls(info.name, info.wtype, tuple(info.shape), info.nbytes)
+
+
+class ArrayTensor:
+    """A tensor pyllm made at load from one in the file (a transposed Conv1D weight, a norm with
+    (1 + w) folded in): it owns its bytes, and binds like a TensorInfo."""
+
+    def __init__(self, name: str, wtype: WeightType, array: np.ndarray):
+        self.name = name
+        self.wtype = wtype
+        self.array = np.ascontiguousarray(array)
+        self.shape = tuple(int(d) for d in self.array.shape)
+        self.nbytes = int(self.array.nbytes)
+        self.offset = 0
+
+    @property
+    def address(self) -> int:
+        return int(self.array.ctypes.data)
+
+    def bytes(self) -> np.ndarray:
+        return self.array.reshape(-1).view(np.uint8)

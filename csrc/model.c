@@ -1,0 +1,79 @@
+/* model.c — the model struct described as data: the slot tables made from pyllm.h's one list, and
+ * the check that every present slot has the shape and type the model's sizes imply. */
+#include <stddef.h>
+
+#include "kernels.h"
+
+#define PL_LAYER_ENTRY(kind, name, rows, cols, required) \
+    {#name, PL_SLOT_##kind, PL_DIM_##rows, PL_DIM_##cols, required, offsetof(pl_layer, name)},
+#define PL_MODEL_ENTRY(kind, name, rows, cols, required) \
+    {#name, PL_SLOT_##kind, PL_DIM_##rows, PL_DIM_##cols, required, offsetof(pl_model, name)},
+
+static const pl_slot layer_slots[] = {PL_LAYER_SLOTS(PL_LAYER_ENTRY)};
+static const pl_slot model_slots[] = {PL_MODEL_SLOTS(PL_MODEL_ENTRY)};
+
+int pl_layer_slot_count(void) { return (int)(sizeof layer_slots / sizeof layer_slots[0]); }
+int pl_model_slot_count(void) { return (int)(sizeof model_slots / sizeof model_slots[0]); }
+const pl_slot *pl_layer_slot(int i) { return i >= 0 && i < pl_layer_slot_count() ? &layer_slots[i] : NULL; }
+const pl_slot *pl_model_slot(int i) { return i >= 0 && i < pl_model_slot_count() ? &model_slots[i] : NULL; }
+
+static int64_t dim_size(const pl_model *m, int d) {
+    switch (d) {
+    case PL_DIM_DIM: return m->dim;
+    case PL_DIM_Q: return (int64_t)m->n_heads * m->head_dim;
+    case PL_DIM_KV: return (int64_t)m->n_kv_heads * m->head_dim;
+    case PL_DIM_FFN: return m->ffn_dim;
+    case PL_DIM_HEAD: return m->head_dim;
+    case PL_DIM_VOCAB: return m->vocab_size;
+    case PL_DIM_POS: return m->n_positions;
+    default: return 1;
+    }
+}
+
+static const char *check_slot(const pl_model *m, const pl_slot *slot, const void *owner) {
+    const char *field = (const char *)owner + slot->offset;
+    if (slot->kind == PL_SLOT_MATRIX) {
+        const pl_tensor *t = (const pl_tensor *)field;
+        if (!t->data) return slot->required ? "a required weight is missing" : NULL;
+        if (!pl_traits(t->type) || !pl_traits(t->type)->vec_dot) return "a weight has a type pyllm cannot multiply";
+        if (t->rows != dim_size(m, slot->rows) || t->cols != dim_size(m, slot->cols))
+            return "a weight's shape does not match the model";
+        if (pl_row_size(t->type, t->cols) < 0) return "a weight's rows are not whole blocks";
+        return NULL;
+    }
+    if (slot->kind == PL_SLOT_NORM) {
+        const pl_norm *n = (const pl_norm *)field;
+        if (!n->w) return slot->required ? "a required norm is missing" : NULL;
+        if (n->kind != PL_NORM_RMS && n->kind != PL_NORM_LAYER) return "a norm has an unknown kind";
+        if (n->kind == PL_NORM_RMS && n->b) return "an RMS norm cannot take a bias";
+        return NULL;
+    }
+    return NULL; /* a bias vector: its length is the binder's to check */
+}
+
+const char *pl_model_check(const pl_model *m) {
+    if (m->n_layers < 1 || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 || m->head_dim < 1 ||
+        m->ffn_dim < 1 || m->vocab_size < 1 || m->n_positions < 0)
+        return "a model dimension is not positive";
+    if (m->n_heads % m->n_kv_heads) return "n_heads must be a multiple of n_kv_heads";
+    if (m->n_rot < 0 || m->n_rot > m->head_dim || m->n_rot % 2) return "n_rot must be even and at most head_dim";
+    if (m->n_rot && (m->n_ropes < 1 || m->n_ropes > PL_MAX_ROPES)) return "the model has no rotary table";
+    for (int r = 0; m->n_rot && r < m->n_ropes; r++)
+        if (!m->ropes[r].inv_freq) return "a rotary table is missing";
+    if (!m->layers) return "the model has no layers";
+    if (m->attn_softcap < 0 || m->logit_softcap < 0) return "a soft-cap is negative";
+    if (m->activation != PL_ACT_SILU && m->activation != PL_ACT_GELU_TANH) return "unknown activation";
+    if (m->pos_embd.data && m->n_positions < 1) return "learned positions need n_positions";
+    const char *e;
+    for (int i = 0; i < pl_model_slot_count(); i++)
+        if ((e = check_slot(m, &model_slots[i], m))) return e;
+    for (int l = 0; l < m->n_layers; l++) {
+        const pl_layer *L = &m->layers[l];
+        for (int i = 0; i < pl_layer_slot_count(); i++)
+            if ((e = check_slot(m, &layer_slots[i], L))) return e;
+        if (L->sliding_window < 0) return "a sliding window is negative";
+        if (!L->w_gate.data && m->activation != PL_ACT_GELU_TANH) return "a plain MLP runs gelu_tanh only";
+        if (m->n_rot && (L->rope < 0 || L->rope >= m->n_ropes)) return "a layer names a rotary table that does not exist";
+    }
+    return NULL;
+}
