@@ -82,6 +82,8 @@ def _info(args: argparse.Namespace) -> int:
     print(f"source:          {llm.source}")
     print(f"architecture:    {spec.family} ({spec.n_layers} layers, dim {spec.dim}, {spec.n_heads} heads, "
           f"{spec.n_kv_heads} KV heads, head_dim {spec.head_dim}, FFN {spec.ffn_dim})")
+    for line in spec.describe(llm._core.slot_names):
+        print(line)
     params, per_type = 0, Counter()
     for info in llm.weights.values():
         n = 1

