@@ -76,6 +76,7 @@ def test_chat_on_a_terminal_two_turns_ctrl_c_and_ctrl_d(smollm2_gguf):
     child.expect("> ")
     # a long answer interrupted by Ctrl-C: the program stays, the prompt comes back
     child.sendline("Write a long story about a dragon.")
+    child.expect(r"dragon\.\r\n")  # the terminal echoes the line; the answer comes after it
     child.expect(r"\w+ \w+ \w+")  # it has started answering
     child.sendintr()
     child.expect(r"\[stopped\]")
