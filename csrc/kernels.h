@@ -85,6 +85,8 @@ typedef struct {
 #define PL_MATMUL_MAX_OUTS 3
 /* From this many tokens on, a matmul dequantizes weight tiles and calls sgemm. */
 #define PL_BLAS_MIN_TOKENS 16
+/* Below this many rows, a batch-path matmul dots widened weight rows instead of calling sgemm. */
+#define PL_FEW_ROWS 4
 
 /* Computes every out of a group that shares its input x (n, w->cols): q/k/v, or gate/up. Called by
  * every pool thread; the caller places a barrier before the outputs are read. batch is the number

@@ -123,11 +123,35 @@ static void dot_rows(const pl_matmul_out *o, int64_t lo, int64_t hi, const void 
     }
 }
 
+/* The float32 path for a few rows of a batch (the head of a prefill's last token): each weight row
+ * widened once and dotted with every x row, so a matrix is not widened whole for one sgemm column. */
+static void matmul_f32_few_rows(const pl_matmul_out *o, const float *x, int n, const pl_matmul_scratch *sc,
+                                int ith, int nth) {
+    const pl_tensor *w = o->w;
+    int64_t begin, end;
+    row_range(w->rows, ith, nth, &begin, &end);
+    const pl_type_traits *t = pl_traits(w->type);
+    int64_t wrow = pl_row_size(w->type, w->cols);
+    float *row = sc->wtile ? sc->wtile + (int64_t)ith * sc->tile_floats : NULL;
+    for (int64_t r = begin; r < end; r++) {
+        const float *wr = (const float *)((const char *)w->data + r * wrow);
+        if (w->type != PL_TYPE_F32) {
+            t->to_f32((const char *)w->data + r * wrow, row, w->cols);
+            wr = row;
+        }
+        float b = o->bias ? o->bias[r] : 0.0f;
+        for (int tok = 0; tok < n; tok++)
+            o->y[tok * o->ldy + r] = pl_vec.dot_f32(wr, x + (int64_t)tok * w->cols, w->cols) + b;
+    }
+}
+
 void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
                const pl_matmul_scratch *sc, pl_pool *pool, int ith, int nth) {
     if (sc->sgemm && batch >= PL_BLAS_MIN_TOKENS) {
         for (int i = 0; i < n_outs; i++) {
-            if (sc->per_thread_blas)
+            if (n < PL_FEW_ROWS)
+                matmul_f32_few_rows(&outs[i], x, n, sc, ith, nth);
+            else if (sc->per_thread_blas)
                 matmul_blas_per_thread(&outs[i], x, n, sc, ith, nth);
             else
                 matmul_blas_shared(&outs[i], x, n, sc, pool, ith, nth);
