@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from . import _core, arch, hub
+from .arch.common import eos_ids
 from .arch.spec import ModelSpec
 from .binding import build_core, parse_dtype
 from .dtypes import WeightType
@@ -297,17 +298,17 @@ def _read_config(folder: str, name: str) -> dict:
     return read_json_object(os.path.join(folder, name))
 
 
-def _eos_from(config: dict) -> set[int]:
-    value = config.get("eos_token_id")
-    if value is None:
-        return set()
-    return {int(v) for v in (value if isinstance(value, list) else [value])}
+def _eos_from(folder: str, name: str) -> set[int]:
+    try:
+        return set(eos_ids(_read_config(folder, name).get("eos_token_id")))
+    except ValueError as e:
+        raise FormatError(os.path.join(folder, name), str(e)) from None
 
 
 def _load_folder(folder: str, threads: int, dtype):
     config = _read_config(folder, "config.json")
-    family = arch.family_for(config)
     try:
+        family = arch.family_for(config)
         spec = family.spec_from_config(config)
     except (KeyError, TypeError, ValueError) as e:
         raise FormatError(os.path.join(folder, "config.json"), f"bad or missing setting: {e}") from None
@@ -315,7 +316,7 @@ def _load_folder(folder: str, threads: int, dtype):
     bound = family.hf_tensors(spec, checkpoint.tensors, folder)
     core = build_core(spec, bound, folder, checkpoint, threads, dtype=dtype)
     tokenizer = Tokenizer.from_folder(folder)
-    eos = _eos_from(config) | _eos_from(_read_config(folder, "generation_config.json"))
+    eos = _eos_from(folder, "config.json") | _eos_from(folder, "generation_config.json")
     if tokenizer.eos_id is not None:
         eos.add(tokenizer.eos_id)
     return core, spec, tokenizer, eos, {n: WeightSummary.of(t) for n, t in checkpoint.tensors.items()}
@@ -324,8 +325,8 @@ def _load_folder(folder: str, threads: int, dtype):
 def _load_gguf(path: str, threads: int, dtype):
     gguf = GGUFFile(path)
     meta = gguf.metadata
-    family = arch.family_for_gguf(meta)
     try:
+        family = arch.family_for_gguf(meta)
         spec = family.spec_from_gguf(meta, gguf.tensors, meta["general.architecture"])
     except (KeyError, TypeError, ValueError) as e:
         raise FormatError(path, f"bad or missing metadata: {e}") from None

@@ -91,3 +91,36 @@ def test_mutated_configs_load_and_run_or_raise_pyllm_errors(checkpoint, tmp_path
         except (pyllm.PyllmError, ValueError):
             outcomes["refused"] += 1
     assert outcomes["ran"] > 0 and outcomes["refused"] > 0, outcomes
+
+
+@pytest.mark.parametrize("setting,value,named", [
+    ("architectures", 5, "architectures"),
+    ("architectures", [["LlamaForCausalLM"]], "architectures"),
+    ("sliding_window", 2**31, "sliding_window"),
+    ("eos_token_id", float("-inf"), "eos_token_id"),
+    ("eos_token_id", [1, -5], "eos_token_id"),
+    ("bos_token_id", 1.5, "bos_token_id"),
+])
+def test_malformed_values_raise_format_error_not_python_errors(checkpoint, tmp_path, setting, value, named):
+    folder = with_config(checkpoint, tmp_path / "m", **{setting: value})
+    with pytest.raises(pyllm.FormatError) as raised:
+        pyllm.load(folder, threads=1)
+    assert named in str(raised.value)
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json", "tokenizer_config.json"])
+def test_deeply_nested_json_raises_format_error(checkpoint, tmp_path, name):
+    folder = with_config(checkpoint, tmp_path / "m")
+    path = os.path.join(folder, name)
+    if os.path.islink(path):
+        os.remove(path)
+    with open(path, "w") as f:
+        f.write("[" * 100000 + "]" * 100000)
+    with pytest.raises(pyllm.FormatError, match=name):
+        pyllm.load(folder, threads=1)
+
+
+def test_fewer_layers_than_the_checkpoint_holds_raise_format_error(checkpoint, tmp_path):
+    folder = with_config(checkpoint, tmp_path / "m", num_hidden_layers=2)  # the file has 3
+    with pytest.raises(pyllm.FormatError, match="model.layers.2.*beyond its 2 layers"):
+        pyllm.load(folder, threads=1)

@@ -29,7 +29,10 @@ for _module in _families():
 
 
 def family_for(config: dict) -> ModuleType:
+    """The family module of a config.json; ValueError if `architectures` is malformed."""
     declared = config.get("architectures") or []
+    if not isinstance(declared, list) or not all(isinstance(n, str) for n in declared):
+        raise ValueError(f"architectures must be a list of names, got {declared!r}")
     for name in declared:
         if name in FAMILIES:
             return FAMILIES[name]
@@ -40,7 +43,10 @@ def family_for(config: dict) -> ModuleType:
 
 
 def family_for_gguf(metadata: dict) -> ModuleType:
+    """The family module of a GGUF file; ValueError if general.architecture is malformed."""
     name = metadata.get("general.architecture")
+    if not isinstance(name, str):
+        raise ValueError(f"general.architecture must be a string, got {name!r}")
     if name in GGUF_FAMILIES:
         return GGUF_FAMILIES[name]
     raise UnsupportedModelError(

@@ -22,16 +22,24 @@ from .spec import MAX_LAYERS, MAX_VOCAB, ModelSpec, Rope, as_float, as_int
 Tensor = "TensorInfo | ArrayTensor"
 
 
-def eos_ids(value) -> list[int]:
+# The C core holds windows and positions in 32-bit ints.
+MAX_WINDOW = (1 << 31) - 1
+
+
+def eos_ids(value, key: str = "eos_token_id") -> list[int]:
     """eos_token_id as a list, whether the config gives an int, a list or nothing."""
     if value is None:
         return []
-    return [int(v) for v in (value if isinstance(value, list) else [value])]
+    return [as_int(v, key, low=0, high=MAX_VOCAB) for v in (value if isinstance(value, list) else [value])]
+
+
+def token_id(value, key: str) -> int | None:
+    return None if value is None else as_int(value, key, low=0, high=MAX_VOCAB)
 
 
 def window(config: dict) -> int:
     """The sliding window of a config (0 = none), honouring use_sliding_window: false."""
-    w = as_int(config.get("sliding_window") or 0, "sliding_window", low=0, high=1 << 31)
+    w = as_int(config.get("sliding_window") or 0, "sliding_window", low=0, high=MAX_WINDOW)
     return 0 if config.get("use_sliding_window") is False else w
 
 
@@ -70,7 +78,7 @@ def hf_spec(config: dict, family: str, **recipe) -> ModelSpec:
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         sliding_windows=[window(config)] * n_layers,
         eos_token_ids=eos_ids(config.get("eos_token_id")),
-        bos_token_id=config.get("bos_token_id"),
+        bos_token_id=token_id(config.get("bos_token_id"), "bos_token_id"),
     )
     fields.update(recipe)
     spec = ModelSpec(**fields)
@@ -149,7 +157,7 @@ def gguf_spec(meta: Mapping[str, object], tensors: Mapping[str, Tensor], arch: s
         rope_interleaved=False,
         attn_scale=1.0 / math.sqrt(head_dim),
         tied_embeddings="output.weight" not in tensors,
-        sliding_windows=[k.int("attention.sliding_window", 0, low=0, high=1 << 31)] * n_layers,
+        sliding_windows=[k.int("attention.sliding_window", 0, low=0, high=MAX_WINDOW)] * n_layers,
     )
     fields.update(recipe)
     spec = ModelSpec(**fields)
@@ -194,6 +202,10 @@ def bind(tensors: Mapping[str, Tensor], source: str, n_layers: int, model_names:
     for i in range(n_layers):
         for slot, name in layer_names.items():
             out[f"layers.{i}.{slot}"] = require(tensors, name.format(i=i), source)
+    # a layer count smaller than the file's layers would silently run a truncated model
+    for name in layer_names.values():
+        if name.format(i=n_layers) in tensors:
+            raise FormatError(source, f"the file has tensor {name.format(i=n_layers)!r}, beyond its {n_layers} layers")
     return out
 
 

@@ -16,6 +16,8 @@ def read_json_object(path: str) -> dict:
             data = json.load(f)
     except (OSError, ValueError) as e:
         raise FormatError(path, f"not valid JSON: {e}") from None
+    except RecursionError:
+        raise FormatError(path, "JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise FormatError(path, "expected a JSON object")
     return data
