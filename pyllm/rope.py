@@ -53,7 +53,7 @@ def rope_parameters(config: dict) -> dict:
             out["rope_type"] = out.pop("type")
         out["rope_theta"] = config.get("rope_theta", out.get("rope_theta", 10000.0))
     out.setdefault("rope_type", "default")
-    out.setdefault("rope_theta", 10000.0)
+    out.setdefault("rope_theta", config.get("rope_theta", 10000.0))
     return out
 
 

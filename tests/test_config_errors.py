@@ -38,6 +38,7 @@ def with_config(checkpoint: str, folder, **changes) -> str:
     ("num_attention_heads", 1.5, "num_attention_heads"),
     ("num_attention_heads", None, "num_attention_heads"),
     ("num_key_value_heads", 3, "num_key_value_heads 3"),
+    ("num_key_value_heads", 0, "num_key_value_heads"),
     ("head_dim", -1, "head_dim"),
     ("head_dim", 10**12, "head_dim"),
     ("num_hidden_layers", 2**40, "num_hidden_layers"),
