@@ -363,9 +363,12 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
     else:
         core, spec, tokenizer, eos, weights = _load_gguf(path, threads, wtype)
     if n_ctx is None:
-        n_ctx = min(spec.max_seq_len, DEFAULT_MAX_CONTEXT)
+        n_ctx = min(spec.max_seq_len, DEFAULT_MAX_CONTEXT, spec.max_ctx or DEFAULT_MAX_CONTEXT)
     if n_ctx < 1:
         raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
+    if spec.max_ctx and n_ctx > spec.max_ctx:
+        raise ValueError(f"n_ctx {n_ctx} is more than the {spec.max_ctx} positions this model's rope scaling "
+                         f"is computed for (LongRoPE's short factors; pyllm does not run its long factors)")
     if spec.n_positions and n_ctx > spec.n_positions:
         raise ValueError(f"n_ctx {n_ctx} is more than the {spec.n_positions} positions the model has learned")
     return Model(core, spec, tokenizer, int(n_ctx), path, eos, weights)

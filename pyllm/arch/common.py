@@ -256,3 +256,14 @@ def plus_one(t: Tensor) -> ArrayTensor:
     """Gemma's RMSNorm multiplies by (1 + w): folded in at load, in float32 as transformers does."""
     from ..binding import to_float32
     return ArrayTensor(f"1+{t.name}", WeightType.F32, to_float32(t) + np.float32(1.0))
+
+
+def check_gguf_heads(meta: Mapping[str, object], arch: str) -> None:
+    """Head counts of a GGUF that do not divide, named by their GGUF keys (ModelSpec.validate names
+    the transformers config keys)."""
+    k = GGUFKeys(meta, arch)
+    n_heads = k.int("attention.head_count")
+    n_kv = k.int("attention.head_count_kv", n_heads)
+    if n_heads % n_kv:
+        raise ValueError(f"{k.name('attention.head_count')} {n_heads} is not a multiple of "
+                         f"{k.name('attention.head_count_kv')} {n_kv}")

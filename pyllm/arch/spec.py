@@ -76,6 +76,8 @@ class ModelSpec:
     logit_softcap: float = 0.0
     embed_scale: float = 1.0
     n_positions: int = 0        # rows of learned position embeddings (GPT-2); 0 = none
+    max_ctx: int = 0            # the longest context the rope tables are right for (LongRoPE's short
+                                # factors hold up to the original context); 0 = no such limit
     qkv_bias: bool = False      # q/k/v projections carry a bias (Qwen2, Llama attention_bias)
     o_bias: bool = False        # the output projection does too (Llama attention_bias)
     eos_token_ids: list[int] = field(default_factory=list)
@@ -152,6 +154,8 @@ class ModelSpec:
             raise ValueError("one sliding window and one rotary table per layer")
         if self.ropes and any(not 0 <= r < len(self.ropes) for r in self.layer_ropes):
             raise ValueError("a layer names a rotary table that does not exist")
+        if self.max_ctx < 0:
+            raise ValueError(f"max_ctx must be >= 0, got {self.max_ctx}")
         if any(w < 0 for w in self.sliding_windows):
             raise ValueError("sliding_window must be >= 0")
         for name in ("attn_softcap", "logit_softcap"):
