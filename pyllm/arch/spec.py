@@ -40,11 +40,17 @@ class Rope:
 
 
 def _describe_rope(r: Rope, n_rot: int) -> str:
-    """inv_freq[i] = base^(-2i / n_rot) / factor on the highest frequencies, whatever the scaling."""
+    """The base when the frequencies are base^(-2i / n_rot) / factor; otherwise (llama3, longrope
+    scale each frequency differently) the range of wavelengths they span."""
     f = r.inv_freq.astype(np.float64)
-    text = f"base {(f[0] / f[1]) ** (n_rot / 2):.6g}" if len(f) > 1 else "one frequency"
-    if abs(f[0] - 1) > 1e-6:
-        text += f" ÷{1 / f[0]:.4g}"
+    ratios = f[1:] / f[:-1]
+    if len(f) > 1 and np.allclose(ratios, ratios[0], rtol=1e-4):
+        text = f"base {ratios[0] ** (-n_rot / 2):.5g}"
+        if abs(f[0] - 1) > 1e-6:
+            text += f" ÷{1 / f[0]:.4g}"
+    else:
+        wavelengths = 2 * np.pi / f
+        text = f"scaled, wavelengths {wavelengths.min():.4g}–{wavelengths.max():.4g}"
     return text + (f" ×{r.scale:.4g}" if r.scale != 1 else "")
 
 
