@@ -187,27 +187,5 @@ int pl_install_simd_avx2(void) {
 }
 
 #else
-/* gelu_tanh(g) = 0.5·g·(1 + tanh(y)) = g / (1 + e^(-2y)), y = sqrt(2/pi)·(g + 0.044715·g³). */
-PL_TARGET_AVX2 static inline __m256 gelu_tanh256(__m256 g) {
-    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-    __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
-    __m256 y2 = _mm256_mul_ps(_mm256_set1_ps(2.0f * 0.7978845608028654f),
-                              _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, g));
-    return _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, y2))));
-}
-
-PL_TARGET_AVX2 static void geglu_avx2(float *gate, const float *up, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(gate + i, _mm256_mul_ps(gelu_tanh256(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
-    if (i < n) pl_geglu_scalar(gate + i, up + i, n - i);
-}
-
-PL_TARGET_AVX2 static void gelu_avx2(float *x, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, gelu_tanh256(_mm256_loadu_ps(x + i)));
-    if (i < n) pl_gelu_scalar(x + i, n - i);
-}
-
 int pl_install_simd_avx2(void) { return 0; }
 #endif
