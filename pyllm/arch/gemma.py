@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from ..errors import UnsupportedModelError
-from . import common
+from . import common, llama
 from .spec import ModelSpec
 
 ARCHITECTURES = ("GemmaForCausalLM",)
@@ -77,36 +77,10 @@ def spec_from_gguf(meta: dict, tensors: dict, arch: str) -> ModelSpec:
 
 # ---------------------------------------------------------------- names
 
-HF_MODEL = {"tok_embd": "model.embed_tokens.weight", "out_norm": "model.norm.weight", "lm_head": "lm_head.weight"}
-HF_LAYER = {
-    "attn_norm": "model.layers.{i}.input_layernorm.weight",
-    "wq": "model.layers.{i}.self_attn.q_proj.weight",
-    "wk": "model.layers.{i}.self_attn.k_proj.weight",
-    "wv": "model.layers.{i}.self_attn.v_proj.weight",
-    "wo": "model.layers.{i}.self_attn.o_proj.weight",
-    "ffn_norm": "model.layers.{i}.post_attention_layernorm.weight",
-    "w_gate": "model.layers.{i}.mlp.gate_proj.weight",
-    "w_up": "model.layers.{i}.mlp.up_proj.weight",
-    "w_down": "model.layers.{i}.mlp.down_proj.weight",
-}
-HF_BIAS = {"bq": "model.layers.{i}.self_attn.q_proj.bias", "bk": "model.layers.{i}.self_attn.k_proj.bias",
-           "bv": "model.layers.{i}.self_attn.v_proj.bias"}
-HF_O_BIAS = {"bo": "model.layers.{i}.self_attn.o_proj.bias"}
-
-GGUF_MODEL = {"tok_embd": "token_embd.weight", "out_norm": "output_norm.weight", "lm_head": "output.weight"}
-GGUF_LAYER = {
-    "attn_norm": "blk.{i}.attn_norm.weight",
-    "wq": "blk.{i}.attn_q.weight",
-    "wk": "blk.{i}.attn_k.weight",
-    "wv": "blk.{i}.attn_v.weight",
-    "wo": "blk.{i}.attn_output.weight",
-    "ffn_norm": "blk.{i}.ffn_norm.weight",
-    "w_gate": "blk.{i}.ffn_gate.weight",
-    "w_up": "blk.{i}.ffn_up.weight",
-    "w_down": "blk.{i}.ffn_down.weight",
-}
-GGUF_BIAS = {"bq": "blk.{i}.attn_q.bias", "bk": "blk.{i}.attn_k.bias", "bv": "blk.{i}.attn_v.bias"}
-GGUF_O_BIAS = {"bo": "blk.{i}.attn_output.bias"}
+# Gemma's tensors are named as Llama's.
+HF_MODEL, HF_LAYER, HF_BIAS, HF_O_BIAS = llama.HF_MODEL, llama.HF_LAYER, llama.HF_QKV_BIAS, llama.HF_O_BIAS
+GGUF_MODEL, GGUF_LAYER = llama.GGUF_MODEL, llama.GGUF_LAYER
+GGUF_BIAS, GGUF_O_BIAS = llama.GGUF_QKV_BIAS, llama.GGUF_O_BIAS
 
 NORM_SLOTS = ("attn_norm", "q_norm", "k_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm")
 
