@@ -70,7 +70,11 @@ class TransformersEngine:
         torch.set_num_threads(threads)
         self.torch = torch
         torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype).eval()
+        if folder.endswith(".gguf"):  # transformers dequantizes a GGUF to torch_dtype as it loads
+            src, name = os.path.split(folder)
+            self.model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch_dtype).eval()
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype).eval()
         self.past = None
 
     def _forward(self, ids: list[int], past) -> int:
@@ -214,14 +218,22 @@ def run_child(spec: dict) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def prompt_ids(folder: str, n: int) -> list[int]:
-    """The first n token ids of real English text, from the model folder's tokenizer.json.
+    """The first n token ids of real English text, from the model folder's tokenizer.json (or the
+    GGUF's own vocabulary when the model is a .gguf).
 
     Every engine gets these ids, never text, so no engine's tokenizer is part of the timing and all
     run exactly the same sequence.
     """
     from pyllm.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_folder(folder)
+    if folder.endswith(".gguf"):
+        from pyllm.formats.gguf import GGUFFile
+        from pyllm.tokenizer_gguf import tokenizer_from_gguf
+
+        info = tokenizer_from_gguf(GGUFFile(folder).metadata, source=folder)
+        tokenizer = Tokenizer(hf=info.tokenizer, bos_id=info.bos_id, eos_id=info.eos_id)
+    else:
+        tokenizer = Tokenizer.from_folder(folder)
     paths = [PROMPT_FILE, os.path.join(REPO, "README.md")]
     texts = []
     for path in paths:
@@ -303,7 +315,8 @@ def plan_runs(args) -> list[dict]:
     runs = []
     for engine in args.engines:
         if engine == "pyllm":
-            runs.append({"row": "pyllm", "engine": engine, "source": args.model, "dtype": args.pyllm_dtype})
+            if args.model != args.gguf:
+                runs.append({"row": "pyllm", "engine": engine, "source": args.model, "dtype": args.pyllm_dtype})
             if args.gguf:
                 runs.append({"row": "pyllm (gguf)", "engine": engine, "source": args.gguf,
                              "dtype": args.pyllm_dtype})
@@ -494,12 +507,16 @@ def main(argv=None) -> int:
         parser.error(f"unknown engines {sorted(unknown)}; choose from {', '.join(ENGINES)}")
     args.model = os.path.expanduser(args.model)
     args.gguf = os.path.expanduser(args.gguf) if args.gguf else None
+    if args.model.endswith(".gguf"):  # a GGUF alone: every engine runs it, transformers through its GGUF loader
+        args.gguf = args.gguf or args.model
+        if args.gguf != args.model:
+            parser.error("--model and --gguf name different GGUF files")
     if DECODE_PROMPT + args.decode_tokens + 2 > N_CTX:
         parser.error(f"--decode-tokens must be at most {N_CTX - DECODE_PROMPT - 2}")
 
     ids = prompt_ids(args.model, max(PREFILL_LENGTHS))
     warnings = []
-    if args.gguf:
+    if args.gguf and args.gguf != args.model:
         problem = check_gguf_vocab(args.gguf, args.model, ids)
         if problem:
             warnings.append(problem)
