@@ -1,15 +1,18 @@
 """Chat templates render byte-identically to transformers' apply_chat_template (ChatML as SmolLM2
 ships it, Llama 3 and 3.1 with tools, Gemma 3, Mistral [INST] with a BOS token), template errors
 and raise_exception() surface as ChatTemplateError, bad messages as ChatMessageError, and the sandbox
-stops escapes with a pyllm error instead of running them."""
+stops escapes with a pyllm error instead of running them; a template that would run too long or
+make too much is stopped with a ChatTemplateError before it does."""
 from __future__ import annotations
 
+import tracemalloc
 from datetime import datetime
 
 import pytest
 import tokenizers
 import transformers
 
+from pyllm import chat as pyllm_chat
 from pyllm.chat import ChatMessageError, ChatTemplateError, render_chat
 from pyllm.errors import PyllmError
 
@@ -340,3 +343,80 @@ def test_messages_are_not_modified():
     messages = [{"role": "user", "content": "x", "reasoning": "r", "name": None}]
     render_chat(FEATURES, messages)
     assert messages == [{"role": "user", "content": "x", "reasoning": "r", "name": None}]
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds: a template from a downloaded file runs on every chat() call
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("template", [
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "{% set s = 'x' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}",
+    "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}",
+    "{% macro f(n) %}{% for i in range(100000) %}{% endfor %}{{ f(n) if n else '' }}{% endmacro %}{{ f(1) }}",
+], ids=["empty-loops", "loops-over-a-string", "loops-writing-nothing", "recursive-macro"])
+def test_a_template_that_runs_too_long_is_stopped(template, monkeypatch):
+    monkeypatch.setattr(pyllm_chat, "RENDER_SECONDS", 0.3)
+    with pytest.raises(ChatTemplateError, match=r"chat template took more than 0.3 s to render"):
+        render_chat(template, HI)
+
+
+# Each would make (or make in steps) a value of 100 MB or more; the check comes before the value.
+@pytest.mark.parametrize("template", [
+    "{{ 'x' * 10**8 }}",
+    "{{ [0] * 10**8 }}",
+    "{% set ns = namespace(s='xx') %}{% for i in range(26) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+    "{% set ns = namespace(s='xx') %}{% for i in range(26) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+    "{% macro d(s, n) %}{{ d(s ~ s, n - 1) if n else s|length }}{% endmacro %}{{ d('xx', 26) }}",
+    "{% set a = 'x' * 2000000 %}{% set b = a ~ a %}{% set c = b ~ b %}{{ (c ~ c)|length }}",
+    "{{ 'x'.center(10**8) }}",
+    "{{ 'x'|center(10**8) }}",
+    "{% set s = 'x' * 10000 %}{{ s.replace('x', s)|length }}",
+    "{% set s = 'x' * 10000 %}{{ s|replace('x', s)|length }}",
+    "{% set s = 'x' * 10000 %}{{ ([s] * 10000)|join|length }}",
+    "{{ '%0100000000d' % 1 }}",
+    "{{ '%0100000000d'|format(1) }}",
+    "{{ '{:>100000000}'.format(1) }}",
+    "{{ '{:>{w}}'.format(1, w=10**8) }}",
+    "{{ 10 ** 1000000 }}",
+    "{% set ns = namespace(n=10) %}{% for i in range(21) %}{% set ns.n = ns.n * ns.n %}{% endfor %}",
+    "{% set s = '\n' * 100000 %}{{ s|indent(1000)|length }}",
+    "{% set s = '\t' * 100000 %}{{ s.expandtabs(1000)|length }}",
+    "{{ messages|tojson(indent=10**8) }}",
+    "{{ [1]|batch(10**8, 'x')|list|length }}",
+    "{% set ns = namespace(l=[]) %}{% for i in range(100) %}{% set ns.l = ns.l + ['x' * 2000000 ~ i] %}{% endfor %}",
+])
+def test_a_template_that_would_make_a_huge_value_is_refused_before_it_does(template):
+    tracemalloc.start()
+    try:
+        with pytest.raises(ChatTemplateError, match=r"chat template (would make|made more than|asks tojson)"):
+            render_chat(template, HI)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 80 * 2**20
+
+
+def test_a_template_that_writes_more_than_any_prompt_is_refused():
+    with pytest.raises(ChatTemplateError, match="chat template wrote more than 2,097,152 characters"):
+        render_chat("{% for i in range(3000) %}{{ 'x' * 1000 }}{% endfor %}", HI)
+
+
+def test_bounds_leave_a_long_conversation_alone():
+    conversation = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 400}
+                    for i in range(200)]
+    assert_matches_transformers(SMOLLM2, conversation)
+    assert_matches_transformers(LLAMA31_TOOLS, conversation)
+
+
+@pytest.mark.parametrize("template, error", [
+    ("{% if true %}" * 120 + "x" + "{% endif %}" * 120, "IndentationError"),
+    ("{% for x in [1] %}" * 30 + "x" + "{% endfor %}" * 30, "SyntaxError"),
+    ("{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}", "RecursionError"),
+    ("{{ " + "[" * 5000 + "]" * 5000 + " }}", "RecursionError"),
+])
+def test_templates_nested_too_deeply_to_compile_raise_chat_template_error(template, error):
+    with pytest.raises(ChatTemplateError, match=f"nested too deeply to compile \\({error}"):
+        render_chat(template, HI)
