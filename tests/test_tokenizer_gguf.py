@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import gguf
@@ -16,6 +19,7 @@ from tokenizers.pre_tokenizers import ByteLevel
 
 from pyllm.errors import FormatError, UnsupportedModelError
 from pyllm.formats.gguf import GGUFFile
+from pyllm import tokenizer_gguf
 from pyllm.tokenizer_gguf import PRE_TOKENIZERS, tokenizer_from_gguf
 
 
@@ -554,3 +558,46 @@ def test_format_error_names_gguf_metadata_when_no_source_is_given():
 def test_other_tokenizer_models_are_unsupported(model):
     with pytest.raises(UnsupportedModelError, match=repr(model)):
         tokenizer_from_gguf(changed(BPE, "tokenizer.ggml.model", model))
+
+
+# ---- merges rebuilt from a vocabulary without them -------------------------------------------------
+
+def every_split(vocab: dict, priority: dict) -> list:
+    """The obvious reference: try every cut of every token (quadratic in token length)."""
+    found = []
+    for token, score in priority.items():
+        for k in range(1, len(token)):
+            if token[:k] in vocab and token[k:] in vocab:
+                found.append((score, k, len(token) - k, token[:k], token[k:]))
+    found.sort(key=lambda f: f[:3], reverse=True)
+    return [(left, right) for _, _, _, left, right in found]
+
+
+@pytest.mark.parametrize("short", [3, tokenizer_gguf._SHORT_TOKEN])
+def test_merges_rebuilt_for_long_tokens_are_every_split_into_two_tokens(short, monkeypatch):
+    monkeypatch.setattr(tokenizer_gguf, "_SHORT_TOKEN", short)
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        lengths = rng.integers(1, 3 * short, size=60)
+        tokens = {"".join(rng.choice(list("ab"), size=n)) for n in lengths} | {"a", "b"}
+        tokens |= {t + t for t in list(tokens)[:10]}  # long ones made of two tokens
+        vocab = {t: i for i, t in enumerate(sorted(tokens))}
+        priority = {t: float(rng.integers(0, 5)) for t in vocab}
+        assert tokenizer_gguf._merges_from_vocab(vocab, priority) == every_split(vocab, priority)
+
+
+def test_a_sentencepiece_vocabulary_with_a_huge_token_loads_in_linear_time():
+    """One 2,000,000-character token: trying every cut hashes ~4·10¹² characters (hours; 400,000
+    characters took half a minute). Run apart, with a deadline far above the linear time."""
+    code = textwrap.dedent("""
+        from pyllm.tokenizer_gguf import tokenizer_from_gguf
+        tokens = ["<unk>", "<s>", "</s>", "\u2581", "a", "aa", "a" * 1_999_999, "a" * 2_000_000]
+        info = tokenizer_from_gguf({
+            "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": [0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -19.0, -20.0],
+            "tokenizer.ggml.token_type": [2, 3, 3, 1, 1, 1, 1, 1]})
+        print(info.tokenizer.token_to_id("a" * 2_000_000))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "7\n"
