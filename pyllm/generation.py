@@ -75,8 +75,9 @@ class StopMatcher:
 
 
 class Stream:
-    """An iterator of text pieces; once exhausted, .completion (and .finish_reason, .usage) hold the
-    final state."""
+    """An iterator of text pieces. Once exhausted it holds every field of a generate() result —
+    .text, .token_ids, .finish_reason, .usage, .logprobs — and the Completion itself as .completion;
+    before that they are None."""
 
     def __init__(self, pieces: Iterator[str], result: dict):
         self._pieces = pieces
@@ -93,6 +94,16 @@ class Stream:
         return self._result.get("completion")
 
     @property
+    def text(self) -> str | None:
+        c = self.completion
+        return c.text if c else None
+
+    @property
+    def token_ids(self) -> list[int] | None:
+        c = self.completion
+        return c.token_ids if c else None
+
+    @property
     def finish_reason(self) -> str | None:
         c = self.completion
         return c.finish_reason if c else None
@@ -101,3 +112,8 @@ class Stream:
     def usage(self) -> dict | None:
         c = self.completion
         return c.usage if c else None
+
+    @property
+    def logprobs(self) -> list[dict] | None:
+        c = self.completion
+        return c.logprobs if c else None

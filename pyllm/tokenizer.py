@@ -5,13 +5,18 @@ when it states them, else tokenizer.json's post-processor — what transformers 
 """
 from __future__ import annotations
 
+import codecs
+import json
 import os
+import re
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 
 import tokenizers
 
 from .errors import FormatError
 from .formats.json_files import read_json_object
+from .tokenizer_gguf import _bytes_to_unicode
 
 
 @dataclass
@@ -72,12 +77,54 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special)
 
+    @cached_property
+    def byte_decoding(self) -> str | None:
+        """How the decoder turns tokens into bytes: "byte_level" (every token spells bytes in GPT-2's
+        alphabet and the whole is decoded as lossy UTF-8), "byte_fallback" (<0xXX> tokens are bytes,
+        the others text), or None (every token is whole text)."""
+        state = json.loads(self.hf.decoder.__getstate__()) if self.hf.decoder is not None else {}
+        kinds = {d.get("type") for d in state.get("decoders", [state])}
+        if "ByteLevel" in kinds:
+            return "byte_level"
+        if "ByteFallback" in kinds:
+            return "byte_fallback"
+        return None
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token adds to decoded text (a special token's own text, a <0xXX> token's byte)."""
+        token = self.hf.id_to_token(int(token_id)) or ""
+        if self.byte_decoding == "byte_level":
+            table = _gpt2_bytes()
+            if all(c in table for c in token):
+                return bytes(table[c] for c in token)
+        elif self.byte_decoding == "byte_fallback":
+            if _BYTE_TOKEN.fullmatch(token):
+                return bytes([int(token[3:5], 16)])
+            token = token.replace("\u2581", " ")
+        return token.encode("utf-8")
+
 
 def _token_text(value) -> str | None:
     """tokenizer_config writes special tokens as a string or as an AddedToken dict."""
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
+
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+@lru_cache(maxsize=1)
+def _gpt2_bytes() -> dict[str, int]:
+    """GPT-2's printable character -> byte table, the inverse of what byte-level vocabularies spell."""
+    return {c: b for b, c in _bytes_to_unicode().items()}
+
+
+def incomplete_utf8_tail(data: bytes) -> int:
+    """How many bytes at the end of data begin a UTF-8 character that they do not finish."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    decoder.decode(data, final=False)
+    return len(decoder.getstate()[0])
 
 
 class IncrementalDecoder:
@@ -106,8 +153,22 @@ class IncrementalDecoder:
         return full_text[len(prefix_text) :]
 
     def flush(self) -> str:
-        """What is still held back (an incomplete character at the very end), as decoded."""
+        """What is still held back, less the bytes of a character left unfinished at the very end
+        (generation stopped in the middle of it: those bytes are no text, and decoding them would
+        write U+FFFD). The ids keep every token."""
+        held = self.ids[self.prefix :]
         prefix_text = self.tokenizer.decode(self.ids[self.prefix : self.read], self.skip_special)
-        full_text = self.tokenizer.decode(self.ids[self.prefix :], self.skip_special)
+        full_text = self.tokenizer.decode(held, self.skip_special)
         self.prefix = self.read = len(self.ids)
+        kind = self.tokenizer.byte_decoding
+        if kind is not None and full_text.endswith("\ufffd"):
+            special = self.tokenizer.special_ids if self.skip_special else set()
+            pending = incomplete_utf8_tail(b"".join(self.tokenizer.token_bytes(i) for i in held
+                                                    if i not in special))
+            if pending and kind == "byte_level":
+                full_text = full_text[:-1]  # lossy UTF-8 writes one U+FFFD for an unfinished tail
+            elif pending and kind == "byte_fallback" and all(
+                    _BYTE_TOKEN.fullmatch(self.tokenizer.hf.id_to_token(i) or "") for i in held[-pending:]):
+                # every byte of a run that is not valid UTF-8 becomes U+FFFD: decode without them
+                full_text = self.tokenizer.decode(held[:-pending], self.skip_special)
         return full_text[len(prefix_text) :]
