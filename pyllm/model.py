@@ -29,6 +29,7 @@ from .tokenizer import IncrementalDecoder, Tokenizer
 from .tokenizer_gguf import tokenizer_from_gguf
 
 DEFAULT_MAX_CONTEXT = 4096  # the cache is sized for this unless n_ctx says otherwise
+MAX_THREADS = 1024  # more than any CPU this runs on has cores; a larger count is a mistake
 
 
 class Model:
@@ -77,10 +78,11 @@ class Model:
         >>> llm.tokenize("Hello")  # doctest: +SKIP
         [19556]
         """
-        return self.tokenizer.encode(text, add_special=add_special)
+        return self.tokenizer.encode(_check_text(text, "text"), add_special=add_special)
 
     def detokenize(self, ids) -> str:
-        return self.tokenizer.decode([int(i) for i in ids])
+        """The text of token ids (ints in [0, vocab_size))."""
+        return self.tokenizer.decode(self._token_ids(ids, "ids"))
 
     def reset(self) -> None:
         """Empties the cache."""
@@ -89,13 +91,22 @@ class Model:
             self._cached = []
             self._owner = None
 
-    def _check_ids(self, ids: list[int]) -> list[int]:
-        ids = [int(i) for i in ids]
+    def _token_ids(self, ids, name: str) -> list[int]:
+        """ids as Python ints, or a ValueError naming the argument: int() would take 1.5, "1" and True."""
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise ValueError(f"{name} must be a sequence of token ids, got {type(ids).__name__}")
+        ids = list(ids)
+        for i in ids:
+            if not _is_int(i):
+                raise ValueError(f"{name} must hold int token ids, got {i!r} ({type(i).__name__})")
+            if not 0 <= i < self.spec.vocab_size:
+                raise ValueError(f"{name}: token id {i} is outside the vocabulary [0, {self.spec.vocab_size})")
+        return [int(i) for i in ids]
+
+    def _check_ids(self, ids, name: str = "ids") -> list[int]:
+        ids = self._token_ids(ids, name)
         if not ids:
-            raise ValueError("the prompt has no tokens")
-        bad = [i for i in ids if not 0 <= i < self.spec.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.spec.vocab_size})")
+            raise ValueError(f"the {name} has no tokens")
         if len(ids) > self.n_ctx:
             raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx} (n_ctx)")
@@ -107,7 +118,7 @@ class Model:
         >>> llm.logits(llm.tokenize("The sky is")).shape  # doctest: +SKIP
         (3, 49152)
         """
-        ids = self._check_ids(list(ids))
+        ids = self._check_ids(ids)
         with self._lock:
             self.reset()
             out = self._seq.forward(ids, all_logits=True)
@@ -143,18 +154,15 @@ class Model:
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
-            return self.tokenize(prompt)
-        return [int(t) for t in prompt]
+            return self.tokenizer.encode(_check_text(prompt, "prompt"))
+        return self._token_ids(prompt, "prompt")
 
     def _token_events(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int,
                       logprobs: int | None, state: dict) -> Iterator[tuple[int, dict | None]]:
         """Yields (token id, logprob entry or None) until an end-of-sequence id, max_tokens or a
         full context; state["finish_reason"] says which."""
-        ids = self._check_ids(prompt_ids)
-        if not isinstance(max_tokens, int) or max_tokens < 0:
-            raise ValueError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
-        if logprobs is not None and (not isinstance(logprobs, int) or not 0 <= logprobs <= 20):
-            raise ValueError(f"logprobs must be an int in [0, 20], got {logprobs!r}")
+        ids = self._check_ids(prompt_ids, "prompt")
+        _check_run_settings(max_tokens, logprobs)
         params.validate(self.vocab_size)
         sampler = Sampler(params)
         state["finish_reason"] = "length"
@@ -228,8 +236,9 @@ class Model:
 
     def stream(self, prompt, *, max_tokens: int = 128, stop=None, logprobs: int | None = None,
                sampling: SamplingParams | None = None, **params) -> Stream:
-        """Yields text pieces as tokens arrive, never half a UTF-8 character; after the loop,
-        .finish_reason, .usage and .completion hold the final state.
+        """Yields text pieces as tokens arrive, never half a UTF-8 character; after the loop it
+        holds what generate() returns: .text, .token_ids, .finish_reason, .usage, .logprobs (and
+        .completion, the Completion itself).
 
         prompt is text or token ids; sampling settings come as a SamplingParams or as keywords
         (temperature, top_k, top_p, min_p, typical_p, repetition_penalty, presence_penalty,
@@ -243,6 +252,7 @@ class Model:
         """
         result: dict = {}
         _sampling_params(sampling, params)  # bad settings raise here, not at the first next()
+        _check_run_settings(max_tokens, logprobs)
         StopMatcher(stop)
         return Stream(self._run(prompt, max_tokens, stop, logprobs, sampling, params, result), result)
 
@@ -277,10 +287,42 @@ class Model:
         >>> llm.chat([{"role": "user", "content": "What is the capital of France?"}]).text  # doctest: +SKIP
         'The capital of France is Paris.'
         """
-        ids = self.tokenize(self.render_chat(messages, chat_template), add_special=False)
+        prompt = _check_text(self.render_chat(messages, chat_template), "messages (the rendered prompt)")
+        ids = self.tokenizer.encode(prompt, add_special=False)
         if stream:
             return self.stream(ids, max_tokens=max_tokens, **params)
         return self.generate(ids, max_tokens=max_tokens, **params)
+
+
+def _is_int(value) -> bool:
+    """A real integer (Python or NumPy): not a bool, a float or a string, which int() would take."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_int(name: str, value, low: int, high: int | None = None) -> int:
+    if not _is_int(value) or value < low or (high is not None and value > high):
+        bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an int {bounds}, got {value!r}")
+    return int(value)
+
+
+def _check_run_settings(max_tokens, logprobs) -> None:
+    _check_int("max_tokens", max_tokens, 0)
+    if logprobs is not None:
+        _check_int("logprobs", logprobs, 0, 20)
+
+
+def _check_text(text, name: str) -> str:
+    """text, if UTF-8 can encode it: a lone surrogate (from a file read with errors="surrogateescape",
+    or JSON's "\\ud800") is not text, and the tokenizer would fail with a TypeError."""
+    if not isinstance(text, str):
+        raise ValueError(f"{name} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{name} holds a lone surrogate {text[e.start]!r} at index {e.start}, which is "
+                         f"not text") from None
+    return text
 
 
 def _sampling_params(sampling: SamplingParams | None, params: dict) -> SamplingParams:
@@ -345,19 +387,22 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
     """Loads a model: a Hugging Face folder (config.json, *.safetensors, tokenizer.json), a .gguf
     file, or an alias such as "smollm2" (fetched into the cache on first use).
 
-    threads defaults to the physical cores available (OMP_NUM_THREADS is honoured); n_ctx to the
-    model's context, at most 4096. dtype re-encodes every weight matrix at load, in C on all threads:
-    "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k" (k-quants fall
-    back to q5_0/q5_1/q8_0 for rows that are not whole 256-blocks); norms stay f32. None keeps what
-    the file holds.
+    threads is an int in [1, 1024], or None for the physical cores available (OMP_NUM_THREADS is
+    honoured). n_ctx defaults to the model's context, at most 4096; one beyond the model's context
+    is refused with a ValueError (positions past it were never trained). dtype re-encodes every
+    weight matrix at load, in C on all threads: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0",
+    "q5_1", "q4_k", "q5_k", "q6_k" (k-quants fall back to q5_0/q5_1/q8_0 for rows that are not whole
+    256-blocks); norms stay f32. None keeps what the file holds.
 
     >>> llm = pyllm.load("smollm2")  # doctest: +SKIP
     """
+    if threads is not None:
+        _check_int("threads", threads, 1, MAX_THREADS)
+    if n_ctx is not None:
+        _check_int("n_ctx", n_ctx, 1)
     wtype = parse_dtype(dtype)
     path = hub.resolve(source)
-    threads = int(threads) if threads else default_threads()
-    if threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
+    threads = int(threads) if threads is not None else default_threads()
     if os.path.isdir(path):
         core, spec, tokenizer, eos, weights = _load_folder(path, threads, wtype)
     else:
@@ -371,4 +416,6 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
                          f"is computed for (LongRoPE's short factors; pyllm does not run its long factors)")
     if spec.n_positions and n_ctx > spec.n_positions:
         raise ValueError(f"n_ctx {n_ctx} is more than the {spec.n_positions} positions the model has learned")
+    if n_ctx > spec.max_seq_len:
+        raise ValueError(f"n_ctx {n_ctx} is more than the model's context of {spec.max_seq_len} tokens")
     return Model(core, spec, tokenizer, int(n_ctx), path, eos, weights)

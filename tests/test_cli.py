@@ -99,3 +99,100 @@ def test_output_cut_short_by_its_reader_ends_quietly(tiny_folder):
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=300) in (0, 141)
     assert "Traceback" not in stderr, stderr
+
+
+def test_version_is_printed():
+    out = pyllm_cmd("--version")
+    assert out.returncode == 0 and out.stdout == f"pyllm {pyllm.__version__}\n"
+
+
+@pytest.mark.parametrize("flag", ["--max-tokens", "--threads", "--n-ctx"])
+@pytest.mark.parametrize("value", ["0", "-3", "1.5"])
+def test_counts_that_are_not_positive_integers_are_refused(tiny_folder, flag, value):
+    out = pyllm_cmd("run", tiny_folder, "the license", flag, value)
+    assert out.returncode == 2 and out.stdout == ""
+    assert f"argument {flag}: must be an integer >= 1, got '{value}'" in out.stderr
+
+
+def test_a_context_beyond_the_models_is_refused_naming_both(tiny_folder):
+    out = pyllm_cmd("run", tiny_folder, "the license", "--n-ctx", "100000")
+    assert out.returncode == 1 and out.stdout == ""
+    assert "n_ctx 100000 is more than the model's context of 256 tokens" in out.stderr
+
+
+def test_chat_without_a_template_says_so_before_the_first_prompt(tiny_folder):
+    out = pyllm_cmd("chat", tiny_folder, input="Hello\n")
+    assert out.returncode == 1
+    assert "> " not in out.stdout  # the user was never asked to type
+    assert "has no chat template: give one with --chat-template FILE" in out.stderr
+
+
+def test_chat_with_a_template_file_answers_through_it(tiny_folder, tmp_path):
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>")
+    rendered = "<user>the license\n<assistant>"
+    llm = pyllm.load(tiny_folder)
+    expected = llm.generate(llm.tokenize(rendered, add_special=False), max_tokens=6).text
+    out = pyllm_cmd("chat", tiny_folder, "--chat-template", str(template), "--max-tokens", "6",
+                    input="the license\n")
+    assert out.returncode == 0, out.stderr
+    assert f"> {expected} [cut: --max-tokens]\n" in out.stdout
+    missing = pyllm_cmd("chat", tiny_folder, "--chat-template", str(tmp_path / "nothing.jinja"), input="")
+    assert missing.returncode == 1 and "cannot read --chat-template" in missing.stderr
+
+
+@pytest.mark.slow
+def test_chat_prompt_edits_the_line_and_recalls_earlier_ones(smollm2_gguf):
+    """readline at the prompt: Ctrl-A goes to the start of the line, the up arrow recalls the last
+    one. Without it both reach the model as control characters in a message."""
+    child = pexpect.spawn(sys.executable, ["-m", "pyllm", "chat", smollm2_gguf], encoding="utf-8", timeout=60,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", "TERM": "xterm"})
+    child.expect("> ")
+    child.send("reset")
+    child.send("\x01/\r")  # Ctrl-A, then the "/" that makes it a command
+    child.expect(r"\(conversation cleared\)")
+    child.expect("> ")
+    child.send("\x1b[A\r")  # up arrow: the same command again
+    child.expect(r"\(conversation cleared\)")
+    child.expect("> ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_run_ends_the_line(smollm2_gguf):
+    child = pexpect.spawn(sys.executable, ["-m", "pyllm", "run", smollm2_gguf, "Once upon a time",
+                                           "--max-tokens", "2000"],
+                          encoding="utf-8", timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    child.expect(r"\w+ \w+ \w+")  # it has started writing
+    child.sendintr()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 130  # interrupted, not finished
+    assert child.before.endswith("\r\n")  # the shell's prompt will start on a line of its own
+
+
+@pytest.mark.slow
+def test_chat_at_the_context_limit_drops_old_turns_and_marks_a_cut_answer(smollm2_gguf):
+    child = pexpect.spawn(sys.executable, ["-m", "pyllm", "chat", smollm2_gguf, "--n-ctx", "100"],
+                          encoding="utf-8", timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    child.expect("> ")
+    child.sendline("What is the capital of France?")
+    child.expect("Paris")
+    child.expect("> ")
+    child.sendline("Write a long story about a dragon.")
+    child.expect(r"dragon\.\r\n")
+    child.expect(r"\(the context holds 100 tokens: dropped the oldest 1 turn\)")
+    child.expect(r"\[cut: the context is full\]")
+    child.expect("> ")
+    child.sendline("What is the capital of Germany?")  # the session goes on
+    child.expect("dropped the oldest")
+    child.expect("Berlin")
+    child.expect("> ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert "error" not in child.before
