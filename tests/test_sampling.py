@@ -456,3 +456,191 @@ def test_edge_values_are_valid():
     SamplingParams(temperature=0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, repetition_penalty=1.0,
                    presence_penalty=-2, frequency_penalty=2, logit_bias={0: -100.0}, seed=0)
     SamplingParams(temperature=5, top_k=np.int64(3), top_p=1e-9, min_p=1.0, seed=2**70)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fast path: float32 keys and bounded float32 weights, against the exact float64 path and
+# against plain full-sort definitions, at Gemma 3's vocabulary size
+
+VOCAB = 262_144
+
+
+def big_logits(kind: str, seed: int = 0, n: int = VOCAB) -> np.ndarray:
+    g = np.random.default_rng(seed)
+    z = (g.standard_normal(n) * 3).astype(np.float32)
+    if kind == "peaked":  # a few tokens well above the rest, as after a confident context
+        z[g.choice(n, 5, replace=False)] = [20, 18.5, 17, 16, 15]
+    elif kind == "ties":  # coarse values: large groups of equal logits everywhere, some -inf
+        z = np.round(z / 1.5).astype(np.float32)
+        z[g.choice(n, n // 10, replace=False)] = -np.inf
+    elif kind == "quantized":
+        z = (np.round(z * 4) / 4).astype(np.float32)
+    return z
+
+
+def exact_sampler(params: SamplingParams) -> Sampler:
+    """A Sampler that always takes the exact float64 path (the code the fast path must agree with)."""
+    s = Sampler(params)
+    s._keys = lambda *args: None
+    return s
+
+
+FAST_SETTINGS = [
+    {"temperature": 1.0}, {"temperature": 0.7}, {"temperature": 0.8, "top_k": 40},
+    {"temperature": 1.0, "top_k": 1}, {"temperature": 0.8, "top_p": 0.9}, {"temperature": 1.0, "top_p": 0.95},
+    {"temperature": 0.6, "top_p": 0.3},
+    {"temperature": 0.8, "min_p": 0.05}, {"temperature": 1.0, "min_p": 0.3},
+    {"temperature": 0.8, "typical_p": 0.9}, {"temperature": 1.0, "typical_p": 0.4},
+    {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
+    {"temperature": 0.9, "top_p": 0.9, "min_p": 0.02, "typical_p": 0.95},
+    {"temperature": 0.8, "top_p": 0.9, "repetition_penalty": 1.2, "presence_penalty": 0.5,
+     "frequency_penalty": 0.4},
+    {"temperature": 1.0, "repetition_penalty": 1.3, "typical_p": 0.8, "logit_bias": {3: 6.0, 11: -100.0}},
+    {"temperature": 0.8, "logit_bias": {5: 9.0, 17: -100.0, 1000: 1.5}, "frequency_penalty": 1.0},
+]
+
+
+@pytest.mark.parametrize("kind", ["peaked", "flat", "ties", "quantized"])
+@pytest.mark.parametrize("settings", FAST_SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_fast_path_gives_the_exact_paths_tokens_and_distribution_at_262k(kind, settings):
+    steps = [big_logits(kind, seed) for seed in range(3)]
+    ctx = np.random.default_rng(1).integers(0, VOCAB, 200).tolist()
+    params = SamplingParams(seed=7, **settings)
+    fast, exact = Sampler(params), exact_sampler(params)
+    gen_fast, gen_exact = ctx[-4:], ctx[-4:]
+    for i in range(12):
+        gen_fast.append(fast.sample(steps[i % 3], ctx, gen_fast))
+        gen_exact.append(exact.sample(steps[i % 3], ctx, gen_exact))
+    assert gen_fast == gen_exact
+    ids, probs = fast.distribution(steps[0], ctx, gen_fast)
+    ref_ids, ref_probs = exact.distribution(steps[0], ctx, gen_fast)
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_array_equal(probs, ref_probs)
+
+
+def test_fast_path_takes_float16_logits_and_edits_that_land_on_other_logits():
+    # An edited logit that rounds to the same float32 key as other tokens but is not equal to
+    # them: the boundaries of top_k, top_p and min_p fall on that key.
+    z = big_logits("quantized", 3)
+    ctx = [int(np.flatnonzero(z == 5.0)[0])]
+    for settings in ({"top_k": int((z >= 5.0).sum()) - 3}, {"top_p": 0.5},
+                     {"min_p": float(np.exp(5.0 - z.max()))}, {"typical_p": 0.5}, {}):
+        for bias in (1e-9, -1e-9, 0.0):
+            params = SamplingParams(temperature=1.0, seed=1, logit_bias={ctx[0]: bias}, **settings)
+            for logits in (z, z.astype(np.float16)):
+                fast, exact = Sampler(params), exact_sampler(params)
+                assert ([fast.sample(logits, ctx, []) for _ in range(20)]
+                        == [exact.sample(logits, ctx, []) for _ in range(20)])
+                np.testing.assert_array_equal(fast.distribution(logits, ctx, [])[0],
+                                              exact.distribution(logits, ctx, [])[0])
+
+
+def kept_by_full_sort(z: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The ids each filter keeps, straight from the definitions with one full sort per filter."""
+    z = z.astype(np.float64) / params.temperature
+    keep = np.isfinite(z)
+    if params.top_k:
+        keep &= z >= np.sort(z)[-params.top_k]  # every tie of the k-th stays
+    if params.top_p < 1:
+        p = softmax(np.where(keep, z, -np.inf))
+        order = np.argsort(-p, kind="stable")
+        last = np.searchsorted(np.cumsum(p[order]), params.top_p)  # the first position reaching top_p
+        keep &= z >= z[order[last]]  # every tie of the last token needed stays
+    if params.min_p:
+        p = softmax(np.where(keep, z, -np.inf))
+        keep &= p >= params.min_p * p.max()
+    return np.flatnonzero(keep)
+
+
+@pytest.mark.parametrize("settings", [
+    {"top_k": 40}, {"top_k": 1000}, {"top_p": 0.9}, {"top_p": 0.95}, {"top_p": 0.5}, {"min_p": 0.05},
+    {"top_k": 40, "top_p": 0.9, "min_p": 0.02}], ids=str)
+@pytest.mark.parametrize("kind", ["peaked", "flat", "ties"])
+def test_fast_kept_set_equals_a_full_sort_reference_at_262k(kind, settings):
+    z = big_logits(kind, 5)
+    params = SamplingParams(temperature=0.8, **settings)
+    ids, probs = Sampler(params).distribution(z)
+    np.testing.assert_array_equal(ids, kept_by_full_sort(z, params))
+    np.testing.assert_allclose(probs, softmax(z[ids].astype(np.float64) / 0.8), rtol=1e-9)
+
+
+def test_top_k_keeps_every_tie_of_the_kth_at_262k():
+    z = np.full(VOCAB, -3.0, np.float32)
+    z[np.random.default_rng(2).choice(VOCAB, 1000, replace=False)] = 1.0  # ranks 11..1010 all tie
+    z[:10] = np.arange(10, 20)
+    for k in (10, 11, 40, 1010):
+        ids, _ = Sampler(SamplingParams(temperature=1.0, top_k=k)).distribution(z)
+        np.testing.assert_array_equal(ids, kept_by_full_sort(z, SamplingParams(temperature=1.0, top_k=k)))
+        assert ids.size == (10 if k == 10 else 1010)
+
+
+def test_top_p_boundary_inside_or_at_the_edge_of_a_tie_group_at_262k():
+    # One token holding half the mass, then eight equal tokens holding 1/16 each; the rest weigh
+    # nothing. top_p reaching into the tie keeps all eight; top_p = 1/2 exactly stops at the first.
+    z = np.full(VOCAB, -1e4, np.float32)
+    z[100] = np.log(8.0)
+    z[[5, 6000, 70_000, 80_000, 90_000, 150_000, 200_000, VOCAB - 1]] = 0.0
+    for top_p, expected in ((0.5, 1), (0.5 + 1 / 32, 9), (0.75, 9), (0.99, 9)):
+        params = SamplingParams(temperature=1.0, top_p=top_p)
+        ids, _ = Sampler(params).distribution(z)
+        assert ids.size == expected, top_p
+        np.testing.assert_array_equal(ids, exact_sampler(params).distribution(z)[0])
+
+
+def test_nucleus_over_flat_logits_is_settled_by_the_fast_path():
+    # In a flat distribution the token at the nucleus boundary weighs about as little as the
+    # float32 error bound: the candidates are then weighed exactly rather than handing the step
+    # to the exact path.
+    from pyllm.sampling import _nucleus
+
+    z = big_logits("flat", 9)
+    params = SamplingParams(temperature=1.0, top_p=0.95)
+    sampler = Sampler(params)
+    kept = _nucleus(sampler._keys(z, [], []), 0.95)
+    assert kept is not None
+    np.testing.assert_array_equal(kept, exact_sampler(params).distribution(z)[0])
+
+
+@pytest.mark.parametrize("kind", ["peaked", "flat", "uniform"])
+def test_fast_draw_lands_where_the_exact_inverse_cdf_does(kind):
+    from pyllm.sampling import _inverse_cdf
+
+    z = np.zeros(VOCAB, np.float32) if kind == "uniform" else big_logits(kind, 4)
+    params = SamplingParams(temperature=0.9)
+    weights = Sampler(params)._keys(z, [], []).weights()
+    w = exact_sampler(params)._survivors(z, [], [])[1].copy()
+    cdf = np.cumsum(w)
+    g = np.random.default_rng(0)
+    # uniforms at random and right at the steps of the CDF, where a bound must not decide wrongly
+    at_steps = cdf[g.integers(0, VOCAB, 300)] / cdf[-1]
+    us = np.concatenate((g.random(500), at_steps, [0.0, np.nextafter(1.0, 0.0)]))
+    decided = []
+    for u in us:
+        i = weights.draw(float(u))
+        decided.append(i is not None)
+        if i is not None:
+            assert i == _inverse_cdf(w, float(u))
+    if kind == "peaked":  # the fast path does the work in the common case
+        assert np.mean(decided[:500]) > 0.95
+
+
+def test_numpy_float32_exp_is_within_the_bound_the_fast_path_assumes():
+    from pyllm.sampling import _EXP32_ERR, _X_FLOOR
+
+    g = np.random.default_rng(0)
+    x = np.concatenate((g.uniform(-_X_FLOOR, 0, 2_000_000), g.uniform(-1, 0, 500_000),
+                        -np.logspace(-8, 2, 10_000), [0.0])).astype(np.float32)
+    got, want = np.exp(x).astype(np.float64), np.exp(x.astype(np.float64))
+    normal = want >= 2.0**-126
+    assert np.max(np.abs(got[normal] - want[normal]) / want[normal]) < _EXP32_ERR / 2
+    assert np.max(np.abs(got[~normal] - want[~normal])) <= 2.0**-126
+
+
+def test_top_logprobs_at_262k_match_a_full_sort_with_ties():
+    z = big_logits("quantized", 6)
+    z[[7, 70, 700, 7000]] = z.max()  # ties at the top, broken by id
+    ref = torch.log_softmax(torch.tensor(z, dtype=torch.float64), -1).numpy()
+    for n in (1, 3, 5, 20):
+        out = top_logprobs(z, n)
+        np.testing.assert_array_equal(out.ids, np.argsort(-ref, kind="stable")[:n])
+        np.testing.assert_allclose(out.logprobs, ref, rtol=0, atol=1e-12)
