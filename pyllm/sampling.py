@@ -480,7 +480,13 @@ class Sampler:
             # the same set, and the division then touches only the k survivors.
             ids = self._where_at_least(z, _top_k_threshold(z, p.top_k, self._s))
             z = z[ids]
-        if p.temperature != 1:
+        if p.temperature < _SMALL_TEMPERATURE:
+            # logits / T would overflow to inf (inf - inf = NaN below) for T near 0: shift first,
+            # so the maxima stay 0 and the rest fall to -inf, the T -> 0 limit (greedy over ties)
+            with np.errstate(over="ignore"):
+                z -= z.max()
+                z /= p.temperature
+        elif p.temperature != 1:
             z /= p.temperature
         if p.top_p < 1 and z.size > 1:
             ids, z = self._cut(ids, z, _top_p_threshold(z, p.top_p, self._scratch_for(z)))
@@ -631,6 +637,9 @@ _FAST_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # logits float32 ho
 # (y - ymax) / T stays finite and far from float32's limits, and distinct float32 logits stay
 # distinct after a float64 division by T; outside this range the exact path runs.
 _FAST_TEMPERATURES = (2.0**-20, 2.0**20)
+# Below this the float64 path divides logits already shifted to max 0 (none of which can overflow);
+# at and above it, as transformers does. No temperature of the fast path is below it.
+_SMALL_TEMPERATURE = _FAST_TEMPERATURES[0]
 _X_FLOOR = 200.0  # x = z/T - max is floored here in float32: exp(-200) is 0 in float32 and < 1e-86 exact
 _EXP32_ERR = 2.0**-21  # relative error bound of np.exp on float32 (measured within 2**-22; a test checks)
 _ARITH32_ERR = 2.0**-22  # relative error bound of float32 (y - ymax) / T (three roundings)

@@ -644,3 +644,24 @@ def test_top_logprobs_at_262k_match_a_full_sort_with_ties():
         out = top_logprobs(z, n)
         np.testing.assert_array_equal(out.ids, np.argsort(-ref, kind="stable")[:n])
         np.testing.assert_allclose(out.logprobs, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("temperature", [1e-308, 5e-324, 1e-200, 1e-30])
+def test_temperatures_near_zero_sample_the_argmax_not_nan(temperature):
+    """logits / 1e-308 overflow: the draw must be the T -> 0 limit, the argmax, not an arbitrary id."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, 49152).astype(np.float32)
+    logits[1234] = 25.0
+    for seed in range(5):
+        s = Sampler(SamplingParams(temperature=temperature, top_p=0.9, seed=seed))
+        assert s.sample(logits) == 1234
+    ids, probs = Sampler(SamplingParams(temperature=temperature)).distribution(logits)
+    assert ids.tolist() == [1234] or (probs[ids == 1234][0] == 1.0 and np.count_nonzero(probs) == 1)
+
+
+def test_a_temperature_near_zero_splits_exact_ties_evenly():
+    logits = np.full(1000, -5.0, dtype=np.float32)
+    logits[[10, 20]] = 3.0
+    ids, probs = Sampler(SamplingParams(temperature=1e-308)).distribution(logits)
+    kept = dict(zip(ids.tolist(), probs.tolist()))
+    assert {k: v for k, v in kept.items() if v > 0} == {10: 0.5, 20: 0.5}
