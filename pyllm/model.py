@@ -347,6 +347,13 @@ def _eos_from(folder: str, name: str) -> set[int]:
         raise FormatError(os.path.join(folder, name), str(e)) from None
 
 
+def _check_vocabulary(tokenizer: Tokenizer, spec: ModelSpec, path: str, vocabulary: str, rows: str) -> None:
+    """Every id the tokenizer can produce needs an embedding row: a vocabulary larger than the
+    model's would load, then fail on the first text that holds one of its last tokens."""
+    if tokenizer.n_ids > spec.vocab_size:
+        raise FormatError(path, f"{vocabulary} gives {tokenizer.n_ids} token ids, more than {rows}")
+
+
 def _load_folder(folder: str, threads: int, dtype):
     config = _read_config(folder, "config.json")
     try:
@@ -358,6 +365,8 @@ def _load_folder(folder: str, threads: int, dtype):
     bound = family.hf_tensors(spec, checkpoint.tensors, folder)
     core = build_core(spec, bound, folder, checkpoint, threads, dtype=dtype)
     tokenizer = Tokenizer.from_folder(folder)
+    _check_vocabulary(tokenizer, spec, os.path.join(folder, "tokenizer.json"), "the tokenizer",
+                      f"config.json's vocab_size of {spec.vocab_size} embedding rows")
     eos = _eos_from(folder, "config.json") | _eos_from(folder, "generation_config.json")
     if tokenizer.eos_id is not None:
         eos.add(tokenizer.eos_id)
@@ -379,6 +388,9 @@ def _load_gguf(path: str, threads: int, dtype):
                           chat_template=info.chat_template)
     tokenizer.bos_token = info.tokenizer.id_to_token(info.bos_id) if info.bos_id is not None else None
     tokenizer.eos_token = info.tokenizer.id_to_token(info.eos_id) if info.eos_id is not None else None
+    tokenizer.n_ids = info.n_ids
+    _check_vocabulary(tokenizer, spec, path, "tokenizer.ggml.tokens",
+                      f"the {spec.vocab_size} rows of token_embd.weight")
     return core, spec, tokenizer, set(info.eos_ids), {n: WeightSummary.of(t) for n, t in gguf.tensors.items()}
 
 

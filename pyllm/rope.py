@@ -45,10 +45,14 @@ def rope_parameters(config: dict) -> dict:
     checkpoints write `rope_theta` and an optional `rope_scaling` with `type` or `rope_type`.
     """
     params = config.get("rope_parameters")
-    if isinstance(params, dict) and ("rope_type" in params or "rope_theta" in params):
+    scaling = config.get("rope_scaling") or {}
+    for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"{key} must be an object, got {str(value)[:80]!r}")
+    if params and ("rope_type" in params or "rope_theta" in params):
         out = dict(params)
     else:
-        out = dict(config.get("rope_scaling") or {})
+        out = dict(scaling)
         if "type" in out and "rope_type" not in out:
             out["rope_type"] = out.pop("type")
         out["rope_theta"] = config.get("rope_theta", out.get("rope_theta", 10000.0))

@@ -65,6 +65,7 @@ class GGUFTokenizerInfo:
     add_eos: bool
     chat_template: Optional[str]
     special_tokens: List[str] = field(default_factory=list)  # the added tokens marked special, by id
+    n_ids: int = 0  # one past the largest id encode() can produce
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, object], source: str = METADATA) 
     if model == "gpt2":
         if merges is None:
             raise FormatError(source, "a 'gpt2' (byte-level BPE) vocabulary needs tokenizer.ggml.merges")
+        if not merges:
+            _check_nothing_to_merge(tokens, token_types, source)
         pre = meta.string("tokenizer.ggml.pre") or "default"
         if pre not in PRE_TOKENIZERS:
             raise UnsupportedModelError(
@@ -189,6 +192,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, object], source: str = METADATA) 
         tokenizer, vocab_tokens = _byte_level(tokens, merges, PRE_TOKENIZERS[pre], source)
         add_bos_default = False
     else:
+        # llama.cpp builds a SentencePiece vocabulary from its scores and never reads its merges
+        merges = merges or None
         scores = meta.numbers("tokenizer.ggml.scores", n, float)
         if merges is None and scores is None:
             raise FormatError(
@@ -229,6 +234,9 @@ def tokenizer_from_gguf(metadata: Mapping[str, object], source: str = METADATA) 
         add_eos=add_eos,
         chat_template=meta.string("tokenizer.chat_template"),
         special_tokens=[added[i].content for i in sorted(added) if added[i].special],
+        # the vocabulary's ids are 0..n-1 (a repeated token keeps its last); an added token that
+        # it lacks gets an id past them
+        n_ids=max([n, *(i + 1 for i in added)]),
     )
 
 
@@ -319,6 +327,16 @@ def _sentencepiece(
         )
         tokenizer.decoder = decoders.Sequence(fused + strip)
     return tokenizer, vocab
+
+
+def _check_nothing_to_merge(tokens: List[str], token_types: Optional[List[int]], source: str) -> None:
+    """A byte-level vocabulary with no merges can only produce its single bytes and added tokens: a
+    normal token of two or more bytes in it means the merges were lost."""
+    types = token_types or [TOKEN_NORMAL] * len(tokens)
+    merged = [t for t, kind in zip(tokens, types) if len(t) > 1 and kind not in (TOKEN_CONTROL, TOKEN_USER_DEFINED)]
+    if merged:
+        raise FormatError(source, f"tokenizer.ggml.merges is empty, so none of the {len(merged)} tokens made by "
+                                  f"merging (such as {merged[0]!r}) can ever be produced")
 
 
 def _check_merges(merges: List[Tuple[str, str]], vocab: Dict[str, int], source: str) -> None:
@@ -517,7 +535,7 @@ class _Metadata:
             raise self.fail(f"{key} has {len(value)} entries for {n} tokens")
         try:
             return [kind(v) for v in value]
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # int(inf) overflows
             raise self.fail(f"{key} holds a value that is not a number") from None
 
     def merges(self, key: str) -> List[Tuple[str, str]]:

@@ -20,6 +20,7 @@ from pyllm.dtypes import BLOCK_LAYOUT, WeightType
 from pyllm.errors import FormatError
 from pyllm.formats.gguf import MAX_ARRAY_DEPTH, GGUFFile
 
+from fuzzing import run_cases
 
 
 # ---- hand-packed GGUF pieces ------------------------------------------------------------------
@@ -555,25 +556,24 @@ def test_fuzzed_synthetic_headers_parse_or_raise_format_error_in_bounded_memory(
     data = base_path.read_bytes()
     header_end = GGUFFile(base_path).data_offset
     spans = field_spans(base_path)
-    rnd = random.Random(20240607)
-    parsed = failed = 0
-    peak = 0
+
+    def case(seed: int) -> str:
+        p = write(tmp_path, mutate(random.Random(seed), data, header_end, spans), f"fuzz{seed}.gguf")
+        tracemalloc.reset_peak()
+        try:
+            parsed = check_parses_or_format_error(p)
+        finally:
+            p.unlink()
+        peak = tracemalloc.get_traced_memory()[1]
+        assert peak < 64 * 2**20, f"parsing a {len(data)}-byte file took {peak / 1e6:.1f} MB"
+        return "parsed" if parsed else "refused"
+
     tracemalloc.start()
     try:
-        for i in range(1000):
-            p = write(tmp_path, mutate(rnd, data, header_end, spans), f"fuzz{i}.gguf")
-            tracemalloc.reset_peak()
-            ok = check_parses_or_format_error(p)
-            peak = max(peak, tracemalloc.get_traced_memory()[1])
-            parsed += ok
-            failed += not ok
-            p.unlink()
+        outcomes = run_cases(20_240_607, 1000, case)
     finally:
         tracemalloc.stop()
-    print(f"fuzz: {parsed} parsed, {failed} FormatError, peak traced memory {peak / 1e6:.1f} MB "
-          f"for a {len(data)}-byte file")
-    assert parsed > 0 and failed > 0
-    assert peak < 64 * 2**20
+    assert outcomes["parsed"] > 0 and outcomes["refused"] > 0, outcomes
 
 
 def test_fuzzed_smollm2_headers_parse_or_raise_format_error(smollm2_gguf, tmp_path):
@@ -584,9 +584,9 @@ def test_fuzzed_smollm2_headers_parse_or_raise_format_error(smollm2_gguf, tmp_pa
     del g
     with open(copy, "rb") as f:
         header = f.read(header_end)
-    rnd = random.Random(31337)
-    parsed = 0
-    for _ in range(30):
+
+    def case(seed: int) -> str:
+        rnd = random.Random(seed)
         b = bytearray(header)
         if rnd.random() < 0.3:  # a few bytes: often still parses or fails late in the vocabulary
             n = rnd.randint(1, 4)
@@ -599,5 +599,6 @@ def test_fuzzed_smollm2_headers_parse_or_raise_format_error(smollm2_gguf, tmp_pa
             b[i : i + 8] = rnd.choice(HUGE).to_bytes(8, "little")
         with open(copy, "r+b") as f:  # same size in place: no earlier mapping is cut short
             f.write(b)
-        parsed += check_parses_or_format_error(copy)
-    print(f"SmolLM2 fuzz: {parsed} of 30 mutated headers parsed")
+        return "parsed" if check_parses_or_format_error(copy) else "refused"
+
+    run_cases(31_337, 30, case)

@@ -17,6 +17,8 @@ from pyllm.dtypes import WeightType
 from pyllm.errors import FormatError
 from pyllm.formats.safetensors import Checkpoint, SafetensorsFile, open_checkpoint
 
+from fuzzing import run_cases
+
 
 def write_raw(
     path: Path, header: dict | list | bytes, data: bytes = b"", length: int | None = None
@@ -340,11 +342,9 @@ def test_mutated_files_parse_or_raise_format_error_only(tmp_path):
     original = good.read_bytes()
     (header_len,) = struct.unpack("<Q", original[:8])
     digits = [8 + i for i, c in enumerate(original[8 : 8 + header_len]) if chr(c).isdigit()]
-    rng = random.Random(1234)
-    target = tmp_path / "fuzz.safetensors"
-    outcomes = {"parsed": 0, "rejected": 0}
 
-    for _ in range(500):
+    def case(seed: int) -> str:
+        rng = random.Random(seed)
         data = bytearray(original)
         kind = rng.choice(["flip", "digit", "truncate", "length", "mixed"])
         if kind == "digit":
@@ -362,13 +362,14 @@ def test_mutated_files_parse_or_raise_format_error_only(tmp_path):
             data[:8] = struct.pack("<Q", new_len)
         if kind in ("truncate", "mixed"):
             data = data[: rng.randrange(len(data) + 1)]
+        target = tmp_path / f"fuzz{seed}.safetensors"
         target.write_bytes(bytes(data))
         try:
             SafetensorsFile(target)
         except FormatError as e:
             assert str(target) in str(e)
-            outcomes["rejected"] += 1
-        else:
-            outcomes["parsed"] += 1
+            return "rejected"
+        return "parsed"
 
+    outcomes = run_cases(1234, 500, case)
     assert outcomes["rejected"] > 0 and outcomes["parsed"] > 0

@@ -429,6 +429,25 @@ def test_gemma_vocab_respells_space_runs_and_merges_in_file_order():
     assert info.tokenizer.decode(info.tokenizer.encode("a  b").ids, skip_special_tokens=True) == "a  b"
 
 
+@pytest.mark.parametrize("metadata", [
+    pytest.param(byte_level_metadata(), id="gpt2"),
+    pytest.param(byte_level_metadata(**{"tokenizer.ggml.tokens": BYTE_TOKENS + BPE_EXTRA + ["hi"],
+                                        "tokenizer.ggml.token_type": None}), id="gpt2-repeated-token"),
+    pytest.param(sentencepiece_metadata(), id="llama"),
+    pytest.param(sentencepiece_metadata(**{"general.architecture": "gemma3"}), id="gemma3"),
+])
+def test_n_ids_is_one_past_the_largest_id_in_the_vocabulary(metadata):
+    info = tokenizer_from_gguf(metadata)
+    assert info.n_ids == max(info.tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+
+
+def test_sentencepiece_with_an_empty_merge_list_merges_by_its_scores():
+    """llama.cpp never reads the merges of a SentencePiece vocabulary; an empty list must not leave
+    the tokenizer unable to merge at all."""
+    meta = sentencepiece_metadata(**{"tokenizer.ggml.merges": []})
+    assert pieces(tokenizer_from_gguf(meta), "abc") == ["▁", "ab", "c"]
+
+
 def test_sentencepiece_scores_may_be_a_numpy_array():
     meta = sentencepiece_metadata()
     meta["tokenizer.ggml.scores"] = np.asarray(meta["tokenizer.ggml.scores"], dtype=np.float32)
@@ -534,6 +553,11 @@ N_BPE = len(BPE["tokenizer.ggml.tokens"])
         pytest.param(without(BPE, "tokenizer.ggml.merges"), "needs tokenizer.ggml.merges", id="bpe-no-merges"),
         pytest.param(changed(BPE, "tokenizer.ggml.merges", ["Ġ h", "x y"]), "not a token", id="merge-unknown-token"),
         pytest.param(changed(BPE, "tokenizer.ggml.merges", ["Ġh"]), "separated by a space", id="merge-no-space"),
+        pytest.param(changed(BPE, "tokenizer.ggml.merges", []), "merges is empty.*'Ġh'", id="bpe-empty-merges"),
+        pytest.param(
+            changed(BPE, "tokenizer.ggml.token_type", [math.inf] * N_BPE), "token_type holds a value that is not a number",
+            id="token-type-infinite",
+        ),
         pytest.param(changed(BPE, "tokenizer.ggml.add_bos_token", "yes"), "boolean", id="flag-not-a-bool"),
         pytest.param(changed(SP, "tokenizer.ggml.scores", [0.0] * 3), "scores has 3 entries", id="scores-length"),
         pytest.param(

@@ -90,6 +90,8 @@ def hf_spec(config: dict, family: str, **recipe) -> ModelSpec:
 def activation(config: dict, allowed: Mapping[str, str], key: str = "hidden_act") -> str:
     """The engine's name for a config's activation, or UnsupportedModelError naming it."""
     name = config.get(key)
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"{key} must be the name of an activation, got {name!r}"[:200])
     if name not in allowed:
         raise UnsupportedModelError(f"{key} {name!r} is not supported; pyllm runs {sorted(allowed)}")
     return allowed[name]
@@ -142,8 +144,8 @@ def gguf_spec(meta: Mapping[str, object], tensors: Mapping[str, Tensor], arch: s
             raise ValueError(f"{k.name('rope.dimension_count')} {n_rot} must be even and at most {head_dim}")
         recipe.setdefault("n_rot", n_rot)
         recipe["ropes"] = [Rope(rope.inv_freq(n_rot, gguf_rope_parameters(k)))]
-    tokens = meta.get("tokenizer.ggml.tokens")
-    vocab = as_int(meta.get(k.name("vocab_size")) or (len(tokens) if tokens is not None else 0)
+    tokens = meta.get("tokenizer.ggml.tokens")  # not a list: the tokenizer's reader says what is wrong
+    vocab = as_int(meta.get(k.name("vocab_size")) or (len(tokens) if isinstance(tokens, list) else 0)
                    or _rows(tensors, "token_embd.weight"), k.name("vocab_size"), high=MAX_VOCAB)
     fields = dict(
         family=family,
