@@ -1,12 +1,21 @@
 /* attention.c — causal grouped-query attention of a batch of queries over the KV cache. */
+#include <string.h>
+
 #include "kernels.h"
+
+/* A query's probabilities over keys [first, first + len) into a trace's buffer. */
+static void copy_probs(const pl_probs_out *probs, int h, int t, int first, const float *p, int len) {
+    float *dst = probs->data + ((int64_t)h * probs->n_rows + probs->row0 + t) * probs->n_keys + first;
+    memcpy(dst, p, (size_t)len * sizeof *p);
+}
 
 /* For token t of the batch (absolute position pos0 + t) and query head h:
  *   out[t, h] = softmax(scale · q[t, h] · K[j]ᵀ for j in the window) · V[j]
  * where the window is (p - W, p] with W = window, or [0, p] when window is 0, and K/V are the
  * head's KV group. With a soft-cap, scores become cap·tanh(score / cap) before the softmax. (t, h) pairs are dealt round-robin to the threads: later tokens cost more. */
 void pl_attention(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
-                  int pos0, int n, int window, float *out, float *scores, int ith, int nth) {
+                  int pos0, int n, int window, float *out, float *scores, const pl_probs_out *probs,
+                  int ith, int nth) {
     const int hd = m->head_dim, n_heads = m->n_heads;
     const int kv_dim = m->n_kv_heads * hd;
     const int group = n_heads / m->n_kv_heads;
@@ -22,6 +31,7 @@ void pl_attention(const pl_model *m, const float *q, const float *k_cache, const
             scores[j] = m->attn_scale * pl_vec.dot_f32(qh, kh + (int64_t)(lo + j) * kv_dim, hd);
         if (m->attn_softcap > 0) pl_softcap(scores, len, m->attn_softcap);
         pl_softmax(scores, len);
+        if (probs) copy_probs(probs, h, t, lo, scores, len);
         float *oh = out + (int64_t)t * n_heads * hd + (int64_t)h * hd;
         for (int i = 0; i < hd; i++) oh[i] = 0.0f;
         for (int j = 0; j < len; j++) pl_vec.axpy_f32(oh, scores[j], vh + (int64_t)(lo + j) * kv_dim, hd);
@@ -34,7 +44,7 @@ void pl_attention(const pl_model *m, const float *q, const float *k_cache, const
  * (head, block) pairs are dealt round-robin; each thread's sgemm runs single-threaded. */
 void pl_attention_blas(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
                        int pos0, int n, int window, float *out, float *scores, pl_sgemm_fn sgemm,
-                       int ith, int nth) {
+                       const pl_probs_out *probs, int ith, int nth) {
     const int hd = m->head_dim, n_heads = m->n_heads;
     const int qd = n_heads * hd, kv_dim = m->n_kv_heads * hd;
     const int group = n_heads / m->n_kv_heads;
@@ -61,6 +71,7 @@ void pl_attention_blas(const pl_model *m, const float *q, const float *k_cache, 
             pl_softmax(row + lo, hi - lo);
             for (int j = 0; j < lo; j++) row[j] = 0.0f;
             for (int j = hi; j < len; j++) row[j] = 0.0f;
+            if (probs) copy_probs(probs, h, t0 + t, j0 + lo, row + lo, hi - lo);
         }
         /* column-major: O_hᵀ (hd, nq) = V_hᵀ (hd, len) · Sᵀ (len, nq) */
         float *oh = out + (int64_t)t0 * qd + (int64_t)h * hd;

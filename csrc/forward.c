@@ -5,6 +5,8 @@
  * rows) and ends at a barrier, so a whole decode step is one dispatch to the pool. A step whose slot
  * is absent is skipped by a branch per layer.
  */
+#include <string.h>
+
 #include "kernels.h"
 
 typedef struct {
@@ -16,7 +18,18 @@ typedef struct {
     float *logits;    /* (n, vocab) or (vocab) or NULL: no logits for this chunk */
     int all_logits;
     int batch;        /* tokens of the whole call: picks the matmul path for every chunk alike */
+    const pl_trace *trace; /* or NULL */
+    int trace_row;    /* the trace row of this chunk's first token */
 } forward_args;
+
+/* A trace's copy of rows [0, n) of src (row stride width) into buf, this thread's rows: the same
+ * t % nth ownership as the step that computed them, so it needs no barrier of its own. */
+static void trace_rows(const forward_args *a, float *buf, const float *src, int64_t width, int ith,
+                       int nth) {
+    if (!buf) return;
+    for (int t = ith; t < a->n; t += nth)
+        memcpy(buf + (int64_t)(a->trace_row + t) * width, src + (int64_t)t * width, (size_t)width * sizeof *src);
+}
 
 /* x = tok_embd[token] · embed_scale (+ pos_embd[pos]) for this thread's tokens. */
 static void embed(const forward_args *a, int ith, int nth) {
@@ -37,6 +50,7 @@ static void embed(const forward_args *a, int ith, int nth) {
             for (int i = 0; i < m->dim; i++) x[i] += pos_row[i];
         }
     }
+    if (a->trace) trace_rows(a, a->trace->embed, s->x, m->dim, ith, nth);
 }
 
 /* out = norm(in) for rows [t0, n) of width dim, this thread's share. Row t belongs to thread
@@ -48,14 +62,18 @@ static void norm_rows(const forward_args *a, const pl_norm *norm, float *out, co
         pl_norm_apply(out + (int64_t)t * dim, in + (int64_t)t * dim, norm, dim, a->m->norm_eps);
 }
 
-/* x += f, where f is a block's output; a post-norm (Gemma 2/3) is applied to f first. */
-static void residual_add(const forward_args *a, const pl_norm *post_norm, float *f, int ith, int nth) {
+/* x += f, where f is a block's output; a post-norm (Gemma 2/3) is applied to f first. A trace
+ * gets f as added (f_out) and x after the add (x_out). */
+static void residual_add(const forward_args *a, const pl_norm *post_norm, float *f, float *f_out, float *x_out,
+                         int ith, int nth) {
     const int dim = a->m->dim;
     for (int t = ith; t < a->n; t += nth) {
         float *x = a->s->x + (int64_t)t * dim, *d = f + (int64_t)t * dim;
         if (post_norm->w) pl_norm_apply(d, d, post_norm, dim, a->m->norm_eps);
         for (int i = 0; i < dim; i++) x[i] += d[i];
     }
+    trace_rows(a, f_out, f, dim, ith, nth);
+    trace_rows(a, x_out, a->s->x, dim, ith, nth);
 }
 
 /* Per-head RMSNorm of q and k (Qwen3, Gemma 3), then rope on the first n_rot dims of each head. */
@@ -80,14 +98,19 @@ static void position_heads(const forward_args *a, const pl_layer *L, float *kc, 
     }
 }
 
-static void layer(const forward_args *a, const pl_layer *L, float *kc, float *vc, int ith, int nth) {
+/* tr: the layer's PL_TRACE_POINTS buffers, or NULL when it is not traced. */
+static void layer(const forward_args *a, const pl_layer *L, float *kc, float *vc, float *const *tr, int ith,
+                  int nth) {
+    static float *const untraced[PL_TRACE_POINTS];
     const pl_model *m = a->m;
     pl_state *s = a->s;
     pl_pool *pool = a->pool;
     const int n = a->n, pos0 = s->pos, dim = m->dim;
     const int64_t qd = (int64_t)m->n_heads * m->head_dim, kvd = s->kv_dim;
+    if (!tr) tr = untraced;
 
     norm_rows(a, &L->attn_norm, s->xn, s->x, 0, ith, nth);
+    trace_rows(a, tr[PL_TRACE_ATTN_NORM], s->xn, dim, ith, nth);
     pl_barrier(pool);
 
     /* k and v are written straight into the cache at their positions */
@@ -101,21 +124,29 @@ static void layer(const forward_args *a, const pl_layer *L, float *kc, float *vc
         position_heads(a, L, kc, ith, nth);
         pl_barrier(pool);
     }
+    /* attention only reads q, k and v: copying them out needs no barrier */
+    trace_rows(a, tr[PL_TRACE_Q], s->q, qd, ith, nth);
+    trace_rows(a, tr[PL_TRACE_K], kc + (int64_t)pos0 * kvd, kvd, ith, nth);
+    trace_rows(a, tr[PL_TRACE_V], vc + (int64_t)pos0 * kvd, kvd, ith, nth);
 
+    pl_probs_out probs_out = {tr[PL_TRACE_PROBS], a->trace_row, a->trace ? a->trace->n_rows : 0,
+                              a->trace ? a->trace->n_keys : 0};
+    const pl_probs_out *probs = probs_out.data ? &probs_out : NULL;
     if (s->mm.sgemm && s->mm.per_thread_blas && a->batch >= PL_BLAS_MIN_TOKENS)
         pl_attention_blas(m, s->q, kc, vc, pos0, n, L->sliding_window, s->att,
-                          s->scores + (int64_t)ith * PL_ATTN_QBLOCK * s->n_ctx, s->mm.sgemm, ith, nth);
+                          s->scores + (int64_t)ith * PL_ATTN_QBLOCK * s->n_ctx, s->mm.sgemm, probs, ith, nth);
     else
         pl_attention(m, s->q, kc, vc, pos0, n, L->sliding_window, s->att,
-                     s->scores + (int64_t)ith * s->n_ctx, ith, nth);
+                     s->scores + (int64_t)ith * s->n_ctx, probs, ith, nth);
     pl_barrier(pool);
 
     pl_matmul_out o[1] = {{&L->wo, s->tmp, dim, L->bo}};
     pl_matmul(o, 1, s->att, n, a->batch, &s->mm, pool, ith, nth);
     pl_barrier(pool);
 
-    residual_add(a, &L->post_attn_norm, s->tmp, ith, nth);
+    residual_add(a, &L->post_attn_norm, s->tmp, tr[PL_TRACE_ATTN_OUT], tr[PL_TRACE_RESID_ATTN], ith, nth);
     norm_rows(a, &L->ffn_norm, s->xn, s->x, 0, ith, nth);
+    trace_rows(a, tr[PL_TRACE_FFN_NORM], s->xn, dim, ith, nth);
     pl_barrier(pool);
 
     pl_matmul_glu(L->w_gate.data ? &L->w_gate : NULL, &L->w_up, L->b_up, s->xn, n, a->batch, m->activation,
@@ -126,7 +157,8 @@ static void layer(const forward_args *a, const pl_layer *L, float *kc, float *vc
     pl_matmul(d, 1, s->gate, n, a->batch, &s->mm, pool, ith, nth);
     pl_barrier(pool);
 
-    residual_add(a, &L->post_ffn_norm, s->tmp, ith, nth); /* the next norm reads only this thread's rows */
+    /* the next norm reads only this thread's rows */
+    residual_add(a, &L->post_ffn_norm, s->tmp, tr[PL_TRACE_MLP_OUT], tr[PL_TRACE_HIDDEN], ith, nth);
 }
 
 static void forward_task(void *raw, int ith, int nth) {
@@ -137,15 +169,21 @@ static void forward_task(void *raw, int ith, int nth) {
 
     embed(a, ith, nth); /* the first norm reads only this thread's rows */
 
+    float *const *traced = a->trace && a->trace->layers ? a->trace->layers : NULL;
     for (int l = 0; l < m->n_layers; l++)
         layer(a, &m->layers[l], s->k_cache + (int64_t)l * s->n_ctx * s->kv_dim,
-              s->v_cache + (int64_t)l * s->n_ctx * s->kv_dim, ith, nth);
+              s->v_cache + (int64_t)l * s->n_ctx * s->kv_dim, traced ? traced + l * PL_TRACE_POINTS : NULL,
+              ith, nth);
 
-    if (!a->logits) return;
+    float *out_norm = a->trace ? a->trace->out_norm : NULL;
+    if (!a->logits && !out_norm) return;
     /* Only the rows whose logits are wanted go through the final norm and the head. */
-    int first = a->all_logits ? 0 : n - 1;
+    int first = a->all_logits || out_norm ? 0 : n - 1;
     norm_rows(a, &m->out_norm, s->xn, s->x, first, ith, nth);
+    trace_rows(a, out_norm, s->xn, dim, ith, nth);
     pl_barrier(a->pool);
+    if (!a->logits) return;
+    if (!a->all_logits) first = n - 1;
     pl_matmul_out head[1] = {{&m->lm_head, a->logits, m->vocab_size, NULL}};
     pl_matmul(head, 1, s->xn + (int64_t)first * dim, n - first, a->batch, &s->mm, a->pool, ith, nth);
     if (m->logit_softcap > 0) {
@@ -156,9 +194,45 @@ static void forward_task(void *raw, int ith, int nth) {
     }
 }
 
+typedef struct {
+    forward_args fa;
+    const float *x;
+} head_args;
+
+static void head_task(void *raw, int ith, int nth) {
+    const head_args *h = raw;
+    const forward_args *a = &h->fa;
+    const pl_model *m = a->m;
+    norm_rows(a, &m->out_norm, a->s->xn, h->x, 0, ith, nth);
+    pl_barrier(a->pool);
+    pl_matmul_out head[1] = {{&m->lm_head, a->logits, m->vocab_size, NULL}};
+    pl_matmul(head, 1, a->s->xn, a->n, a->batch, &a->s->mm, a->pool, ith, nth);
+    if (m->logit_softcap > 0) {
+        pl_barrier(a->pool);
+        int64_t total = (int64_t)a->n * m->vocab_size;
+        int64_t lo = total * ith / nth, hi = total * (ith + 1) / nth;
+        pl_softcap(a->logits + lo, hi - lo, m->logit_softcap);
+    }
+}
+
+int pl_head(const pl_model *m, pl_state *s, pl_pool *pool, const float *x, int n, float *logits) {
+    if (n < 1 || n > s->n_batch || !x || !logits) return PL_ERR_ARGS;
+    head_args h = {{m, s, pool, NULL, n, logits, 1, n, NULL, 0}, x};
+    pl_pool_run(pool, head_task, &h);
+    return PL_OK;
+}
+
 int pl_forward(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
                float *logits, int all_logits) {
+    return pl_forward_traced(m, s, pool, tokens, n, logits, all_logits, NULL);
+}
+
+int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
+                      float *logits, int all_logits, const pl_trace *trace) {
     if (n < 1 || !tokens || !logits) return PL_ERR_ARGS;
+    if (trace && (s->pos < trace->pos0 || s->pos + n > trace->pos0 + trace->n_rows ||
+                  trace->n_keys < trace->pos0 + trace->n_rows))
+        return PL_ERR_ARGS;
     if (n > s->n_ctx - s->pos) return PL_ERR_CONTEXT;
     if (m->pos_embd.data && s->pos + n > m->n_positions) return PL_ERR_CONTEXT;
     for (int i = 0; i < n; i++)
@@ -169,7 +243,8 @@ int pl_forward(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tok
         int chunk = n - done < s->n_batch ? n - done : s->n_batch;
         int last = done + chunk == n;
         float *out = all_logits ? logits + (int64_t)done * m->vocab_size : (last ? logits : NULL);
-        forward_args a = {m, s, pool, tokens + done, chunk, out, all_logits, n};
+        forward_args a = {m, s, pool, tokens + done, chunk, out, all_logits, n, trace,
+                          trace ? s->pos - trace->pos0 : 0};
         int blas_chunk = s->mm.sgemm && s->mm.per_thread_blas && n >= PL_BLAS_MIN_TOKENS;
         int blas_threads = blas_chunk ? m->blas.get_threads() : 0;
         if (blas_chunk) m->blas.set_threads(1);

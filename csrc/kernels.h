@@ -53,15 +53,23 @@ void pl_gelu_scalar(float *x, int n);
 #define pl_softmax(x, n) pl_vec.softmax(x, n)
 #define pl_swiglu(g, u, n) pl_vec.swiglu(g, u, n)
 
+/* Where attention copies its probabilities for a trace: query t of the batch, head h, key j goes to
+ * data[(h · n_rows + row0 + t) · n_keys + j]. A NULL pl_probs_out: not wanted. */
+typedef struct {
+    float *data;
+    int row0, n_rows, n_keys;
+} pl_probs_out;
+
 /* Causal GQA attention of n queries at positions pos0.. over a layer's cache. */
 void pl_attention(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
-                  int pos0, int n, int window, float *out, float *scores, int ith, int nth);
+                  int pos0, int n, int window, float *out, float *scores, const pl_probs_out *probs,
+                  int ith, int nth);
 
 /* The same for a prefill batch through sgemm; scores holds PL_ATTN_QBLOCK × n_ctx floats. */
 #define PL_ATTN_QBLOCK 64
 void pl_attention_blas(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
                        int pos0, int n, int window, float *out, float *scores, pl_sgemm_fn sgemm,
-                       int ith, int nth);
+                       const pl_probs_out *probs, int ith, int nth);
 
 /* ---------------------------------------------------------------- matmul.c */
 

@@ -276,6 +276,47 @@ enum pl_status {
 int pl_forward(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
                float *logits, int all_logits);
 
+/* ---------------------------------------------------------------- tracing (forward.c) */
+
+/* What a layer's steps can hand back, each copied out where the recipe computes it. Widths:
+ * q (n_heads·head_dim) and k, v (n_kv_heads·head_dim) after q/k norm and rope, as the cache holds
+ * them; probs (n_heads, rows, n_keys), key j in column j, 0 outside a query's window; the rest
+ * (dim): attn_out and mlp_out are what the residual adds (after any post-norm), resid_attn the
+ * residual after attention, hidden after the whole block. */
+enum pl_trace_point {
+    PL_TRACE_ATTN_NORM = 0,
+    PL_TRACE_Q,
+    PL_TRACE_K,
+    PL_TRACE_V,
+    PL_TRACE_PROBS,
+    PL_TRACE_ATTN_OUT,
+    PL_TRACE_RESID_ATTN,
+    PL_TRACE_FFN_NORM,
+    PL_TRACE_MLP_OUT,
+    PL_TRACE_HIDDEN,
+    PL_TRACE_POINTS
+};
+
+/* Where a traced forward copies its intermediates: buffers of rows for positions
+ * [pos0, pos0 + n_rows), a NULL buffer is a point not wanted. The forward checks only whether a
+ * layer's buffers are there, so an untraced forward pays one pointer test per layer. */
+typedef struct {
+    int pos0, n_rows;
+    int n_keys;        /* columns of a probs buffer: pos0 + n_rows */
+    float *embed;      /* (n_rows, dim) the embeddings as the first layer sees them */
+    float *out_norm;   /* (n_rows, dim) the final norm's output */
+    float **layers;    /* (n_layers, PL_TRACE_POINTS) buffers; the whole pointer NULL: no layer */
+} pl_trace;
+
+/* pl_forward with a trace (NULL: none). The tokens must fall inside the trace's rows; PL_ERR_ARGS
+ * otherwise. With out_norm traced every row goes through the final norm. */
+/* The final norm, head and soft-cap applied to n (<= the state's n_batch) rows of a residual
+ * stream x (n, dim), such as a traced layer's hidden: the logit lens. The cache is untouched. */
+int pl_head(const pl_model *m, pl_state *s, pl_pool *pool, const float *x, int n, float *logits);
+
+int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
+                      float *logits, int all_logits, const pl_trace *trace);
+
 #ifdef __cplusplus
 }
 #endif

@@ -100,6 +100,15 @@ cdef extern from "pyllm.h" nogil:
     int pl_state_truncate(pl_state *s, int pos)
     int pl_forward(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
                    float *logits, int all_logits)
+    enum: PL_TRACE_POINTS
+    ctypedef struct pl_trace:
+        int pos0, n_rows, n_keys
+        float *embed
+        float *out_norm
+        float **layers
+    int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
+                          float *logits, int all_logits, const pl_trace *trace)
+    int pl_head(const pl_model *m, pl_state *s, pl_pool *pool, const float *x, int n, float *logits)
 
 cdef extern from "kernels.h" nogil:
     ctypedef struct pl_matmul_out:
@@ -122,6 +131,9 @@ cdef extern from "kernels.h" nogil:
 
 # From this many tokens on, a forward pass multiplies with sgemm on float32 activations.
 BLAS_MIN_TOKENS = PL_BLAS_MIN_TOKENS
+# A layer's traceable points, in enum pl_trace_point's order.
+TRACE_POINTS = ("attn_norm", "q", "k", "v", "probs", "attn_out", "resid_attn", "ffn_norm", "mlp_out",
+                "hidden")
 
 ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512", 3: "neon"}
 _ISA_IDS = {v: k for k, v in ISA_NAMES.items()}
@@ -544,15 +556,89 @@ cdef class CoreSequence:
         with _forward_lock:
             with nogil:
                 rc = pl_forward(&self.model.m, self.s, self.model.pool, &tv[0], n, &ov[0], all_logits)
+        self._check_status(rc, n)
+        return out
+
+    def head(self, const float[:, ::1] x):
+        """Logits (n, vocab) of residual rows x (n, dim) through the final norm and the head, in
+        batches of the sequence's n_batch rows; the cache is left as it is."""
+        if x.shape[1] != self.model.m.dim:
+            raise ValueError(f"rows must have the model's width {self.model.m.dim}")
+        cdef int n = x.shape[0]
+        out = np.empty((n, self.model.m.vocab_size), dtype=np.float32)
+        cdef float[:, ::1] ov = out
+        cdef int done, chunk, rc = 0
+        with _forward_lock:
+            with nogil:
+                done = 0
+                while done < n and rc == 0:
+                    chunk = min(n - done, self.n_batch)
+                    rc = pl_head(&self.model.m, self.s, self.model.pool, &x[done, 0], chunk, &ov[done, 0])
+                    done += chunk
+        if rc != 0:
+            raise RuntimeError(f"head failed with status {rc}")
+        return out
+
+    def _check_status(self, int rc, int n):
         if rc == 1:
-            raise ValueError(f"a token id is outside [0, {vocab})")
+            raise ValueError(f"a token id is outside [0, {self.model.m.vocab_size})")
         if rc == 2:
             raise OverflowError(
                 f"{n} tokens do not fit: {pl_state_pos(self.s)} of {self.n_ctx} positions are used")
         if rc != 0:
             raise RuntimeError(f"forward failed with status {rc}")
         self.tokens_processed += n
-        return out
+
+    def forward_traced(self, tokens, dict wanted):
+        """Appends tokens as forward(all_logits=True) does, copying out intermediates on the way.
+
+        wanted: "embed" and "out_norm" -> True; a TRACE_POINTS name -> the layers to trace. Returns
+        (logits (n, vocab), {name: array}): embed and out_norm (n, dim); a layer point
+        (len(layers), n, width), the layers in the order given, with probs (len(layers), n_heads,
+        n, pos + n) over every cached key.
+        """
+        arr = np.ascontiguousarray(tokens, dtype=np.int32)
+        cdef const int32_t[::1] tv = arr
+        cdef int n = tv.shape[0]
+        if n == 0:
+            raise ValueError("no tokens to process")
+        m = &self.model.m
+        cdef pl_trace tr
+        tr.pos0 = pl_state_pos(self.s)
+        tr.n_rows, tr.n_keys = n, tr.pos0 + n
+        widths = {"q": m.n_heads * m.head_dim, "k": m.n_kv_heads * m.head_dim,
+                  "v": m.n_kv_heads * m.head_dim}
+        out = {}
+        for name in ("embed", "out_norm"):
+            if wanted.get(name):
+                out[name] = np.zeros((n, m.dim), dtype=np.float32)
+        tr.embed = <float *><uintptr_t>out["embed"].ctypes.data if "embed" in out else NULL
+        tr.out_norm = <float *><uintptr_t>out["out_norm"].ctypes.data if "out_norm" in out else NULL
+        table = np.zeros(m.n_layers * PL_TRACE_POINTS, dtype=np.uintp)
+        for point, layers in wanted.items():
+            if point in ("embed", "out_norm"):
+                continue
+            index = TRACE_POINTS.index(point)
+            layers = list(layers)
+            if any(not 0 <= l < m.n_layers for l in layers) or len(set(layers)) != len(layers):
+                raise ValueError(f"layers to trace must be distinct, in [0, {m.n_layers})")
+            if point == "probs":
+                buf = np.zeros((len(layers), m.n_heads, n, tr.n_keys), dtype=np.float32)
+            else:
+                buf = np.zeros((len(layers), n, widths.get(point, m.dim)), dtype=np.float32)
+            out[point] = buf
+            for i, l in enumerate(layers):
+                table[l * PL_TRACE_POINTS + index] = buf[i].ctypes.data
+        tr.layers = <float **><uintptr_t>table.ctypes.data if table.any() else NULL
+        cdef int vocab = m.vocab_size
+        logits = np.empty((n, vocab), dtype=np.float32)
+        cdef float[:, ::1] lv = logits
+        cdef int rc
+        with _forward_lock:
+            with nogil:
+                rc = pl_forward_traced(m, self.s, self.model.pool, &tv[0], n, &lv[0, 0], 1, &tr)
+        self._check_status(rc, n)
+        return logits, out
 
 
 # ---------------------------------------------------------------- ops, for tests against numpy
@@ -562,11 +648,15 @@ cdef extern from "kernels.h" nogil:
     void pl_rope(float *x, int n_heads, int head_dim, int n_rot, const float *cos, const float *sin,
                  int interleaved)
     void pl_softcap(float *x, int64_t n, float cap)
+    ctypedef struct pl_probs_out:
+        float *data
+        int row0, n_rows, n_keys
     void pl_attention(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
-                      int pos0, int n, int window, float *out, float *scores, int ith, int nth)
+                      int pos0, int n, int window, float *out, float *scores, const pl_probs_out *probs,
+                      int ith, int nth)
     void pl_attention_blas(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
                            int pos0, int n, int window, float *out, float *scores, pl_sgemm_fn sgemm,
-                           int ith, int nth)
+                           const pl_probs_out *probs, int ith, int nth)
     enum: PL_ATTN_QBLOCK
 
 
@@ -644,23 +734,25 @@ cdef struct _attention_job:
     float *scores
     int64_t scores_per_thread
     bint blas
+    const pl_probs_out *probs
 
 
 cdef void _attention_task(void *arg, int ith, int nth) noexcept nogil:
     cdef _attention_job *j = <_attention_job *>arg
     if j.blas:
         pl_attention_blas(j.m, j.q, j.k, j.v, j.pos0, j.n, j.window, j.out,
-                          j.scores + ith * j.scores_per_thread, <pl_sgemm_fn>scipy_sgemm, ith, nth)
+                          j.scores + ith * j.scores_per_thread, <pl_sgemm_fn>scipy_sgemm, j.probs, ith, nth)
     else:
         pl_attention(j.m, j.q, j.k, j.v, j.pos0, j.n, j.window, j.out,
-                     j.scores + ith * j.scores_per_thread, ith, nth)
+                     j.scores + ith * j.scores_per_thread, j.probs, ith, nth)
 
 
 def attention(const float[:, ::1] q, const float[:, ::1] k, const float[:, ::1] v, int n_heads,
               int n_kv_heads, float scale, int pos0=0, int window=0, float softcap=0.0,
-              bint blas=False, int threads=1):
+              bint blas=False, int threads=1, bint with_probs=False):
     """The engine's causal attention of q (n, n_heads·hd) at positions pos0.. over the cache k, v
-    (pos0 + n, n_kv_heads·hd): the vec path, or the sgemm path with blas=True."""
+    (pos0 + n, n_kv_heads·hd): the vec path, or the sgemm path with blas=True. with_probs: returns
+    (out, probabilities (n_heads, n, pos0 + n)) as a trace copies them."""
     cdef int n = q.shape[0]
     if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads or q.shape[1] % n_heads:
         raise ValueError("bad head counts")
@@ -681,10 +773,14 @@ def attention(const float[:, ::1] q, const float[:, ::1] k, const float[:, ::1] 
     job.m, job.q, job.k, job.v = &m, &q[0, 0], &k[0, 0], &v[0, 0]
     job.pos0, job.n, job.window, job.out = pos0, n, window, &o[0, 0]
     job.scores, job.scores_per_thread, job.blas = &sv[0], per, blas
+    probs = np.zeros((n_heads, n, pos0 + n), dtype=np.float32)
+    cdef pl_probs_out po
+    po.data, po.row0, po.n_rows, po.n_keys = <float *><uintptr_t>probs.ctypes.data, 0, n, pos0 + n
+    job.probs = &po if with_probs else NULL
     cdef pl_pool *pool = pl_pool_create(threads)
     if pool == NULL:
         raise MemoryError("could not start threads")
     with nogil:
         pl_pool_run(pool, _attention_task, &job)
     pl_pool_free(pool)
-    return out
+    return (out, probs) if with_probs else out

@@ -102,7 +102,8 @@ def test_swiglu_matches_numpy(isa, rng, n):
     np.testing.assert_allclose(_core.swiglu(g, u), g64 / (1 + np.exp(-g64)) * u, rtol=1e-5, atol=1e-6)
 
 
-def attention_ref(q, k, v, n_heads, n_kv, scale, pos0, window, softcap):
+def attention_ref(q, k, v, n_heads, n_kv, scale, pos0, window, softcap, probs=None):
+    """The attention output; probs, if given (n_heads, n, pos0 + n), receives the probabilities."""
     n, hd = q.shape[0], q.shape[1] // n_heads
     group = n_heads // n_kv
     out = np.zeros(q.shape, np.float64)
@@ -118,6 +119,8 @@ def attention_ref(q, k, v, n_heads, n_kv, scale, pos0, window, softcap):
                 s = softcap * np.tanh(s / softcap)
             s = np.exp(s - s.max())
             s /= s.sum()
+            if probs is not None:
+                probs[h, t, lo:p + 1] = s
             out[t, h * hd:(h + 1) * hd] = s @ v[lo:p + 1, kv * hd:(kv + 1) * hd]
     return out.astype(np.float32)
 
@@ -140,3 +143,10 @@ def test_attention_matches_numpy(isa, rng, blas, n_heads, n_kv, pos0, n, window,
                           blas=blas, threads=2)
     want = attention_ref(q, k, v, n_heads, n_kv, scale, pos0, window, softcap)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    # a trace's copy of the probabilities: the same output, and 0 outside each query's window
+    got_again, probs = _core.attention(q, k, v, n_heads, n_kv, scale, pos0=pos0, window=window,
+                                       softcap=softcap, blas=blas, threads=2, with_probs=True)
+    want_probs = np.zeros((n_heads, n, pos0 + n))
+    attention_ref(q, k, v, n_heads, n_kv, scale, pos0, window, softcap, want_probs)
+    np.testing.assert_array_equal(got_again, got)
+    np.testing.assert_allclose(probs, want_probs, rtol=1e-4, atol=1e-6)
