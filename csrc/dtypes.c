@@ -5,6 +5,14 @@
 
 #include "kernels.h"
 
+/* The scalar references round a·b + c twice with every compiler, as GCC does in ISO C mode (clang
+ * would fuse it where FMA is baseline): the same bits on every architecture (tests/native). */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(_MSC_VER)
+#pragma fp_contract(off)
+#endif
+
 static pl_type_traits traits[PL_TYPE_COUNT];
 
 pl_type_traits *pl_traits_slot(int type) {

@@ -2,14 +2,22 @@
  *
  * Quantizers are ggml's reference ones (quantize_row_*_ref), operation for operation, so a tensor
  * quantized here has the bytes llama.cpp's quantizer (without an importance matrix) would write.
- * This file is compiled in ISO C mode, where floating-point contraction is off: a·b + c rounds twice,
- * as in ggml's reference builds. Dot products are integer within a block and float across blocks.
+ * Floating-point contraction is off: a·b + c rounds twice, as in ggml's reference builds, with
+ * every compiler — GCC in ISO C mode (-std=c11) by default, clang (whose default fuses where FMA is
+ * baseline, as on AArch64 and Apple silicon, and then changes q6_K's bytes) and MSVC by the pragmas
+ * below. Dot products are integer within a block and float across blocks.
  */
 #include <float.h>
 #include <math.h>
 #include <string.h>
 
 #include "quants.h"
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(_MSC_VER)
+#pragma fp_contract(off)
+#endif
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))

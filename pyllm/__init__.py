@@ -19,6 +19,10 @@ except ImportError as _e:
             f"in place with `pip install -e .`") from _e
     raise
 
+from .system import apply_isa_override as _apply_isa_override
+
+_apply_isa_override()  # PYLLM_ISA=scalar|avx2|avx512|neon replaces the best kernels (pyllm/system.py)
+
 from .chat import ChatMessageError, ChatTemplateError
 from .errors import ContextLengthError, FormatError, PyllmError, UnsupportedModelError
 from .generation import Completion, Stream
