@@ -5,6 +5,10 @@
     pyllm chat [MODEL]       interactive; /reset clears the history, Ctrl-C stops an answer,
                              Ctrl-D quits; --chat-template FILE for a model without one
     pyllm info [MODEL]       architecture, parameters, dtypes, context, vocabulary, chat template
+    pyllm info --system      this machine: CPU features, kernels (ISA) in use, BLAS, threads, versions
+    pyllm verify / inspect / perplexity   look inside a model (cli_inspect.py)
+    pyllm list               the aliases, and the Hugging Face models in the HF cache pyllm can load
+    pyllm rm MODEL [--yes]   removes an alias's cached file, or a repository from the HF cache
     pyllm --version
 
 Only generated text goes to stdout (`pyllm run ... > out.txt` holds the answer alone); fetching
@@ -17,7 +21,7 @@ import os
 import sys
 from collections import Counter
 
-from . import __version__, hub
+from . import __version__, cli_inspect, hub
 from .errors import PyllmError
 
 
@@ -38,15 +42,22 @@ def _sampling(args: argparse.Namespace) -> dict:
     return {k: v for k, v in settings.items() if v is not None}
 
 
+def load_model(args: argparse.Namespace, **settings):
+    """The model the command names, with --file/--revision for a Hugging Face id."""
+    from .model import load
+
+    settings.setdefault("threads", args.threads)
+    settings.setdefault("n_ctx", getattr(args, "n_ctx", None))
+    return load(args.model, file=args.file, revision=args.revision, **settings)
+
+
 def _write(piece: str) -> None:
     sys.stdout.write(piece)
     sys.stdout.flush()
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .model import load
-
-    llm = load(args.model, threads=args.threads, n_ctx=args.n_ctx)
+    llm = load_model(args)
     try:
         for piece in llm.stream(args.prompt, max_tokens=args.max_tokens, stop=args.stop or None,
                                 **_sampling(args)):
@@ -93,9 +104,7 @@ def _fit_context(llm, history: list[dict], template: str | None, keep: int, room
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from .model import load
-
-    llm = load(args.model, threads=args.threads, n_ctx=args.n_ctx)
+    llm = load_model(args)
     template = _chat_template(args, llm)
     try:
         import readline  # noqa: F401  (input() then edits the line and recalls earlier ones)
@@ -151,9 +160,12 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from .model import load
+    if args.system:
+        from .system import system_lines
 
-    llm = load(args.model, threads=1, n_ctx=16)
+        print("\n".join(system_lines()))
+        return 0
+    llm = load_model(args, threads=1, n_ctx=16)
     spec = llm.spec
     print(f"source:          {llm.source}")
     print(f"architecture:    {spec.family} ({spec.n_layers} layers, dim {spec.dim}, {spec.n_heads} heads, "
@@ -175,6 +187,47 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _list(args: argparse.Namespace) -> int:
+    from . import cache
+
+    entries = cache.aliases()
+    models = cache.hf_models()
+    rows = [("NAME", "WHAT", "SIZE", "CACHED", "PATH")]
+    for e in entries + (models or []):
+        rows.append((", ".join(e.names) or e.name, e.what, hub.format_size(e.size) if e.size is not None else "?",
+                     "yes" if e.path else "no", e.path or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+    print()
+    print(f"pyllm's cache:        {hub.cache_dir()} (PYLLM_CACHE)")
+    if models is None:
+        print('Hugging Face cache:   not listed: huggingface_hub is not installed (pip install "pyllm[hub]")')
+    else:
+        print(f"Hugging Face cache:   {cache.hf_cache_folder()} (HF_HUB_CACHE or HF_HOME)")
+    return 0
+
+
+def _rm(args: argparse.Namespace) -> int:
+    from . import cache
+
+    entry = cache.find(args.model)
+    what = f"{entry.name} ({entry.what}, {hub.format_size(entry.size or 0)}) at {entry.path}"
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise PyllmError(f"removing {what} needs --yes when stdin is not a terminal")
+        try:
+            answer = input(f"remove {what}? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 1
+    freed = cache.remove(entry)
+    print(f"removed {entry.name} ({hub.format_size(freed)} freed)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyllm", description="Fast CPU inference of language models.")
     parser.add_argument("--version", action="version", version=f"pyllm {__version__}")
@@ -182,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def model_arg(p):
         p.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL,
-                       help=f"model folder, .gguf file or alias (default {hub.DEFAULT_MODEL})")
+                       help=f"model folder, .gguf file, alias or Hugging Face id (default {hub.DEFAULT_MODEL})")
+        p.add_argument("--file", default=None,
+                       help="with a Hugging Face id: a glob choosing the .gguf file (\"*Q4_K_M.gguf\")")
+        p.add_argument("--revision", default=None, help="with a Hugging Face id: a branch, tag or commit")
         p.add_argument("--threads", type=_count, default=None, help="default: physical cores")
         p.add_argument("--n-ctx", type=_count, default=None,
                        help="context length to allocate (default: the model's, at most 4096)")
@@ -213,7 +269,19 @@ def main(argv: list[str] | None = None) -> int:
 
     info = sub.add_parser("info", help="describe a model")
     model_arg(info)
+    info.add_argument("--system", action="store_true",
+                      help="describe this machine and the kernels pyllm picked instead (MODEL is not loaded)")
     info.set_defaults(func=_info)
+
+    cli_inspect.add_commands(sub, model_arg)  # verify, inspect, perplexity
+
+    listing = sub.add_parser("list", help="the aliases, and the Hugging Face models in the HF cache pyllm can load")
+    listing.set_defaults(func=_list)
+
+    rm = sub.add_parser("rm", help="remove a cached model: an alias's file, or a repository from the HF cache")
+    rm.add_argument("model", help="an alias (smollm2) or a Hugging Face id (owner/name)")
+    rm.add_argument("--yes", "-y", action="store_true", help="remove without asking (needed off a terminal)")
+    rm.set_defaults(func=_rm)
 
     args = parser.parse_args(argv)
     try:

@@ -24,8 +24,10 @@ from .formats.safetensors import open_checkpoint
 from .chat import ChatTemplateError, render_chat
 from .generation import Completion, StopMatcher, Stream
 from .sampling import Sampler, SamplingParams, top_logprobs
+from .scoring import Score, check_window, token_logprobs
 from .threads import default_threads
 from .tokenizer import IncrementalDecoder, Tokenizer
+from .trace import Trace, check_captures, check_layers, run_trace
 from .tokenizer_gguf import tokenizer_from_gguf
 
 DEFAULT_MAX_CONTEXT = 4096  # the cache is sized for this unless n_ctx says otherwise
@@ -269,6 +271,55 @@ class Model:
             pass
         return s.completion
 
+    def trace(self, prompt, *, layers=None, capture=("hidden",)) -> Trace:
+        """Runs prompt (text or ids) as a fresh sequence of its own and returns the intermediates
+        named in capture, of the layers given (None: all; -1 is the last), as numpy arrays; see
+        pyllm.trace for the names and shapes. The model's cache is left as it was.
+
+        >>> t = llm.trace("The sky is", layers=[0, -1], capture=("hidden", "attn"))  # doctest: +SKIP
+        >>> t["attn"].shape  # (layers, heads, tokens, tokens)  # doctest: +SKIP
+        (2, 9, 4, 4)
+        """
+        capture = check_captures(capture)
+        layers = check_layers(layers, self.spec.n_layers)
+        ids = self._check_ids(self._prompt_ids(prompt), "prompt")
+        _, arrays = run_trace(self._core, self.spec, ids, layers, capture)
+        return Trace(ids, [self.tokenizer.decode([i]) for i in ids], layers, arrays)
+
+    def logit_lens(self, hidden: np.ndarray) -> np.ndarray:
+        """Logits (..., vocab) of residual-stream rows (..., dim), such as a trace's "hidden",
+        through the model's own final norm and head: what each layer would predict if it were
+        the last."""
+        rows = np.ascontiguousarray(hidden, dtype=np.float32)
+        if rows.ndim < 1 or rows.shape[-1] != self.spec.dim:
+            raise ValueError(f"hidden must have rows of the model's width {self.spec.dim}, got {rows.shape}")
+        flat = rows.reshape(-1, self.spec.dim)
+        if not len(flat):
+            return np.zeros(rows.shape[:-1] + (self.vocab_size,), dtype=np.float32)
+        seq = _core.CoreSequence(self._core, min(len(flat), 256))
+        return seq.head(flat).reshape(rows.shape[:-1] + (self.vocab_size,))
+
+    def score(self, text, *, top: int = 5, window: int | None = None, stride: int | None = None,
+              progress=None) -> Score:
+        """Log-probability of every token of text (or ids) given the ones before it, the top
+        alternatives at each position and the perplexity. Texts longer than window (default
+        n_ctx) go in sliding windows advancing by stride (default window // 2). progress(n), if
+        given, is called as tokens are scored.
+
+        >>> s = llm.score("The capital of France is Paris.")  # doctest: +SKIP
+        >>> round(s.perplexity, 1), s.top[-1][0]  # doctest: +SKIP
+        (12.3, ('.', 30, -0.41))
+        """
+        ids = self._prompt_ids(text)
+        if len(ids) < 2:
+            raise ValueError("scoring needs at least 2 tokens: the first has no context to be scored in")
+        _check_int("top", top, 0, self.vocab_size)
+        window, stride = check_window(window, stride, self.n_ctx)
+        logprobs, alternatives = token_logprobs(self._core, ids, window, stride, top, progress)
+        decode = self.tokenizer.decode
+        return Score(ids, [decode([i]) for i in ids], 1, logprobs,
+                     [[(decode([j]), j, lp) for j, lp in alt] for alt in alternatives])
+
     def render_chat(self, messages: list[dict], chat_template: str | None = None) -> str:
         """The prompt text the model's chat template makes of messages, ready for the assistant."""
         template = chat_template or self.tokenizer.chat_template
@@ -395,9 +446,16 @@ def _load_gguf(path: str, threads: int, dtype):
 
 
 def load(source, *, threads: int | None = None, n_ctx: int | None = None,
-         dtype: str | None = None) -> Model:
+         dtype: str | None = None, file: str | None = None, revision: str | None = None,
+         token: str | bool | None = None) -> Model:
     """Loads a model: a Hugging Face folder (config.json, *.safetensors, tokenizer.json), a .gguf
-    file, or an alias such as "smollm2" (fetched into the cache on first use).
+    file, an alias such as "smollm2" (fetched into the cache on first use), or a Hugging Face id
+    such as "HuggingFaceTB/SmolLM2-135M-Instruct" (needs pyllm[hub]; taken from the HF cache when it
+    is there, else downloaded into it). A path that exists wins over an alias or an id.
+
+    For an id: file picks the one .gguf file to load from a repository of GGUF files, by a glob
+    ("*Q4_K_M.gguf") or its name; revision is a branch, tag or commit (default "main"); token the Hub
+    token for a private or gated repository (default: HF_TOKEN, else the one `hf auth login` saved).
 
     threads is an int in [1, 1024], or None for the physical cores available (OMP_NUM_THREADS is
     honoured). n_ctx defaults to the model's context, at most 4096; one beyond the model's context
@@ -407,13 +465,14 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
     256-blocks); norms stay f32. None keeps what the file holds.
 
     >>> llm = pyllm.load("smollm2")  # doctest: +SKIP
+    >>> llm = pyllm.load("owner/Some-Model-GGUF", file="*Q4_K_M.gguf")  # doctest: +SKIP
     """
     if threads is not None:
         _check_int("threads", threads, 1, MAX_THREADS)
     if n_ctx is not None:
         _check_int("n_ctx", n_ctx, 1)
     wtype = parse_dtype(dtype)
-    path = hub.resolve(source)
+    path = hub.resolve(source, file=file, revision=revision, token=token)
     threads = int(threads) if threads is not None else default_threads()
     if os.path.isdir(path):
         core, spec, tokenizer, eos, weights = _load_folder(path, threads, wtype)

@@ -135,6 +135,11 @@ def reference_trace(model, ids: list[int], layers: list[int], capture) -> dict[s
 
     final = {}
     with ExitStack() as stack:
+        # only eager attention computes probabilities (and calls the function recorded below)
+        previous = model.config._attn_implementation
+        if previous != "eager":
+            model.set_attn_implementation("eager")
+            stack.callback(model.set_attn_implementation, previous)
         handles = []
         for l in layers:
             layer = decoder_layers[l]
