@@ -33,7 +33,6 @@ breaks such ties by the order of an unstable sort instead. min_p and typical_p n
 """
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -898,6 +897,19 @@ def _nucleus(keys: _Keys, top_p: float) -> np.ndarray | None:
     return None
 
 
+def _first_true(values, pred) -> int:
+    """The first index whose value satisfies pred, for a pred that is False then True along
+    values; len(values) if none does (bisect's key= needs Python 3.10)."""
+    lo, hi = 0, len(values)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pred(values[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def _typical_set(keys: _Keys, mass: float) -> np.ndarray | None:
     """The ids (increasing) the exact typical filter keeps from the whole vocabulary, or None when
     the float32 weights cannot tell.
@@ -943,7 +955,7 @@ def _typical_set(keys: _Keys, mass: float) -> np.ndarray | None:
 
         d = math.inf  # the smallest distance, on either side, that reaches the mass
         for side in (left, right):
-            i = bisect.bisect_left(side, True, key=reaches)
+            i = _first_true(side, reaches)
             if i < side.size:
                 d = min(d, float(side[i]))
         if d == math.inf:
