@@ -42,6 +42,17 @@ def test_every_capture_matches_transformers(family_model, family, n_tokens):
     for name in CAPTURES:
         assert trace[name].shape == want[name].shape, name
         np.testing.assert_allclose(trace[name], want[name], rtol=0, atol=TOLERANCE, err_msg=f"{family} {name}")
+    # and transformers' own outputs: output_hidden_states (the last one normed), eager output_attentions
+    import torch
+
+    with torch.no_grad():
+        out = reference(torch.tensor([ids]), output_hidden_states=True, output_attentions=True)
+    hidden = [h[0].numpy() for h in out.hidden_states]
+    np.testing.assert_allclose(trace["embed"], hidden[0], rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(trace["hidden"][:-1], np.stack(hidden[1:-1]), rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(trace["final_norm"], hidden[-1], rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(trace["attn"], np.stack([a[0].numpy() for a in out.attentions]), rtol=0,
+                               atol=TOLERANCE)
     # the windows really cut: a query past the window gives its oldest keys nothing
     window = FAMILIES[family].settings.get("sliding_window")
     if window and n_tokens > window:
