@@ -73,6 +73,20 @@ def hf_float32(folder: str):
     return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
+@pytest.fixture(scope="module")
+def family_checkpoint(tmp_path_factory):
+    """family -> the folder of its tiny checkpoint (families.py), built once per test module."""
+    from families import make_family_checkpoint
+
+    built = {}
+
+    def get(family: str) -> str:
+        if family not in built:
+            built[family] = make_family_checkpoint(str(tmp_path_factory.mktemp(family)), family)
+        return built[family]
+    return get
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> str:
     return hub.fetch_alias("smollm2", quiet=True)

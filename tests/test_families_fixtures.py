@@ -20,18 +20,7 @@ BPE = [f for f in ALL if FAMILIES[f].tokenizer in ("gpt2", "qwen2")]
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    built = {}
-
-    def get(family: str) -> str:
-        if family not in built:
-            built[family] = make_family_checkpoint(str(tmp_path_factory.mktemp(family)), family)
-        return built[family]
-    return get
-
-
-@pytest.fixture(scope="module")
-def gguf_file(checkpoint):
+def gguf_file(family_checkpoint):
     """(family, outtype) -> (path, GGUFReader), converted and read once per module."""
     from gguf import GGUFReader
 
@@ -39,7 +28,7 @@ def gguf_file(checkpoint):
 
     def get(family: str, outtype: str):
         if (family, outtype) not in done:
-            folder = checkpoint(family)
+            folder = family_checkpoint(family)
             path = convert_to_gguf(folder, os.path.join(folder, f"{family}-{outtype}.gguf"), outtype)
             done[family, outtype] = path, GGUFReader(path)
         return done[family, outtype]
@@ -75,10 +64,10 @@ def _config(folder: str) -> dict:
 
 
 @pytest.mark.parametrize("family", ALL)
-def test_family_checkpoint_runs_in_transformers_with_varied_predictions(family, checkpoint):
+def test_family_checkpoint_runs_in_transformers_with_varied_predictions(family, family_checkpoint):
     import torch
 
-    folder = checkpoint(family)
+    folder = family_checkpoint(family)
     ids = _ids(folder, 48)
     with torch.no_grad():
         logits = hf_float32(folder)(torch.tensor([ids])).logits[0].numpy()
@@ -91,11 +80,11 @@ def test_family_checkpoint_runs_in_transformers_with_varied_predictions(family, 
 
 
 @pytest.mark.parametrize("family", SPM)
-def test_spm_tokenizer_json_encodes_like_its_sentencepiece_model(family, checkpoint):
+def test_spm_tokenizer_json_encodes_like_its_sentencepiece_model(family, family_checkpoint):
     import sentencepiece as spm
     from tokenizers import Tokenizer
 
-    folder = checkpoint(family)
+    folder = family_checkpoint(family)
     sp = spm.SentencePieceProcessor(model_file=os.path.join(folder, "tokenizer.model"))
     tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
     text = english_text()[:20000] + "\n\n  3.14159 naïve café 🦙 ~~~\t done"
@@ -104,7 +93,7 @@ def test_spm_tokenizer_json_encodes_like_its_sentencepiece_model(family, checkpo
 
 
 @pytest.mark.parametrize("family", BPE)
-def test_bpe_tokenizer_encodes_llama_cpp_test_vectors(family, checkpoint):
+def test_bpe_tokenizer_encodes_llama_cpp_test_vectors(family, family_checkpoint):
     from tokenizers import Tokenizer
 
     name = {"gpt2": "gpt-2", "qwen2": "qwen2"}[FAMILIES[family].tokenizer]
@@ -113,13 +102,13 @@ def test_bpe_tokenizer_encodes_llama_cpp_test_vectors(family, checkpoint):
         texts = f.read().split("\n__ggml_vocab_test__\n")[:-1]
     with open(base + ".out", encoding="utf-8", newline="") as f:
         expected = [[int(i) for i in line.split()] for line in f.read().split("\n")[:len(texts)]]
-    tok = Tokenizer.from_file(os.path.join(checkpoint(family), "tokenizer.json"))
+    tok = Tokenizer.from_file(os.path.join(family_checkpoint(family), "tokenizer.json"))
     assert [tok.encode(t, add_special_tokens=False).ids for t in texts] == expected
 
 
 @pytest.mark.parametrize("family", ALL)
-def test_converter_writes_family_architecture_and_hyperparameters(family, checkpoint, gguf_file):
-    folder = checkpoint(family)
+def test_converter_writes_family_architecture_and_hyperparameters(family, family_checkpoint, gguf_file):
+    folder = family_checkpoint(family)
     cfg = _config(folder)
     _, reader = gguf_file(family, "f32")
     meta = _metadata(reader)
@@ -231,8 +220,8 @@ def _expected_gguf_tensors(family: str, hf: dict, cfg: dict) -> dict[str, np.nda
 
 
 @pytest.mark.parametrize("family", ALL)
-def test_f32_gguf_tensors_are_the_hf_weights_in_llama_cpp_layout(family, checkpoint, gguf_file):
-    folder = checkpoint(family)
+def test_f32_gguf_tensors_are_the_hf_weights_in_llama_cpp_layout(family, family_checkpoint, gguf_file):
+    folder = family_checkpoint(family)
     cfg = _config(folder)
     _, reader = gguf_file(family, "f32")
     tensors = _tensors(reader)
@@ -249,8 +238,8 @@ def test_f32_gguf_tensors_are_the_hf_weights_in_llama_cpp_layout(family, checkpo
 
 
 @pytest.mark.parametrize("family", ALL)
-def test_f16_gguf_rounds_matrices_and_keeps_vectors_f32(family, checkpoint, gguf_file):
-    folder = checkpoint(family)
+def test_f16_gguf_rounds_matrices_and_keeps_vectors_f32(family, family_checkpoint, gguf_file):
+    folder = family_checkpoint(family)
     _, r32 = gguf_file(family, "f32")
     _, r16 = gguf_file(family, "f16")
     t32, t16 = _tensors(r32), _tensors(r16)
@@ -283,10 +272,10 @@ def test_phi3_longrope_factors_become_rope_factor_tensors(tmp_path):
         np.sqrt(1 + np.log(scale) / np.log(overrides["original_max_position_embeddings"])))
 
 
-def test_gemma2_softcaps_bend_attention_and_final_logits(checkpoint):
+def test_gemma2_softcaps_bend_attention_and_final_logits(family_checkpoint):
     import torch
 
-    folder = checkpoint("gemma2")
+    folder = family_checkpoint("gemma2")
     ids = torch.tensor([_ids(folder, 40)])
     model = hf_float32(folder)
     final_cap = model.config.final_logit_softcapping

@@ -201,11 +201,11 @@ def test_gemma3_without_layer_types_slides_five_layers_in_six(gemma3_folder, tmp
     assert spec.sliding_windows == [8, 8, 8] and spec.layer_ropes == [0, 0, 0] and len(spec.ropes) == 1
 
 
-def test_gemma_legacy_gelu_means_the_tanh_approximation(checkpoints, tmp_path):
+def test_gemma_legacy_gelu_means_the_tanh_approximation(family_checkpoint, tmp_path):
     ids = token_ids()
-    legacy = with_config(checkpoints("gemma"), tmp_path / "legacy", hidden_act="gelu")
+    legacy = with_config(family_checkpoint("gemma"), tmp_path / "legacy", hidden_act="gelu")
     got = pyllm.load(legacy, threads=2).logits(ids)
-    assert np.abs(got - pyllm.load(checkpoints("gemma"), threads=2).logits(ids)).max() == 0
+    assert np.abs(got - pyllm.load(family_checkpoint("gemma"), threads=2).logits(ids)).max() == 0
     assert np.abs(got - oracle_logits(hf_float32(legacy), ids)).max() <= 1e-4
 
 
@@ -316,17 +316,6 @@ def test_gguf_spec_equals_the_folder_spec(converted):
 # ---------------------------------------------------------------- bad input
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    built = {}
-
-    def get(family: str) -> str:
-        if family not in built:
-            built[family] = make_family_checkpoint(str(tmp_path_factory.mktemp(family)), family)
-        return built[family]
-    return get
-
-
 BAD_CONFIGS = [
     ("gemma2", {"query_pre_attn_scalar": 0}, "query_pre_attn_scalar"),
     ("gemma3", {"query_pre_attn_scalar": -4}, "query_pre_attn_scalar"),
@@ -354,15 +343,15 @@ BAD_CONFIGS = [
 
 @pytest.mark.parametrize("family,changes,named", BAD_CONFIGS,
                          ids=[f"{f}-{'-'.join(c)}" for f, c, _ in BAD_CONFIGS])
-def test_bad_gemma_setting_raises_format_error_naming_it(checkpoints, tmp_path, family, changes, named):
-    folder = with_config(checkpoints(family), tmp_path / "m", **changes)
+def test_bad_gemma_setting_raises_format_error_naming_it(family_checkpoint, tmp_path, family, changes, named):
+    folder = with_config(family_checkpoint(family), tmp_path / "m", **changes)
     with pytest.raises(pyllm.FormatError, match="config.json") as raised:
         pyllm.load(folder, threads=1)
     assert named in str(raised.value)
 
 
-def test_null_sliding_window_with_sliding_layers_raises_format_error(checkpoints, tmp_path):
-    folder = with_config(checkpoints("gemma2"), tmp_path / "m", sliding_window=None)
+def test_null_sliding_window_with_sliding_layers_raises_format_error(family_checkpoint, tmp_path):
+    folder = with_config(family_checkpoint("gemma2"), tmp_path / "m", sliding_window=None)
     with pytest.raises(pyllm.FormatError, match="sliding_window is not set"):
         pyllm.load(folder, threads=1)
 
@@ -378,9 +367,9 @@ UNSUPPORTED_CONFIGS = [
 
 @pytest.mark.parametrize("family,changes,named", UNSUPPORTED_CONFIGS,
                          ids=[f"{f}-{'-'.join(c)}" for f, c, _ in UNSUPPORTED_CONFIGS])
-def test_gemma_setting_pyllm_does_not_run_raises_unsupported_model_error(checkpoints, tmp_path, family, changes,
+def test_gemma_setting_pyllm_does_not_run_raises_unsupported_model_error(family_checkpoint, tmp_path, family, changes,
                                                                          named):
-    folder = with_config(checkpoints(family), tmp_path / "m", **changes)
+    folder = with_config(family_checkpoint(family), tmp_path / "m", **changes)
     with pytest.raises(pyllm.UnsupportedModelError, match=named):
         pyllm.load(folder, threads=1)
 
@@ -414,12 +403,12 @@ def rewrite_gguf(source: str, target: str, changes: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def gguf_files(checkpoints):
+def gguf_files(family_checkpoint):
     done = {}
 
     def get(family: str) -> str:
         if family not in done:
-            folder = checkpoints(family)
+            folder = family_checkpoint(family)
             done[family] = convert_to_gguf(folder, os.path.join(folder, f"{family}.gguf"), "f32")
         return done[family]
     return get
@@ -502,10 +491,10 @@ CONVERSATION = [
 
 
 @pytest.mark.parametrize("turns", [1, 3])
-def test_gemma_chat_template_renders_as_transformers(checkpoints, tmp_path, turns):
+def test_gemma_chat_template_renders_as_transformers(family_checkpoint, tmp_path, turns):
     import transformers
 
-    folder = with_config(checkpoints("gemma"), tmp_path / "chat")
+    folder = with_config(family_checkpoint("gemma"), tmp_path / "chat")
     with open(os.path.join(folder, "chat_template.jinja"), "w", encoding="utf-8") as f:
         f.write(gemma_template())
     messages = CONVERSATION[:turns]
@@ -518,8 +507,8 @@ def test_gemma_chat_template_renders_as_transformers(checkpoints, tmp_path, turn
     assert ours.endswith("<start_of_turn>model\n")
 
 
-def test_gemma_chat_template_refuses_a_system_turn_like_transformers(checkpoints, tmp_path):
-    folder = with_config(checkpoints("gemma"), tmp_path / "chat")
+def test_gemma_chat_template_refuses_a_system_turn_like_transformers(family_checkpoint, tmp_path):
+    folder = with_config(family_checkpoint("gemma"), tmp_path / "chat")
     with open(os.path.join(folder, "chat_template.jinja"), "w", encoding="utf-8") as f:
         f.write(gemma_template())
     llm = pyllm.load(folder, threads=1)

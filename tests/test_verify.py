@@ -16,17 +16,6 @@ from pyllm.errors import PyllmError
 PROMPT = "The capital of France is Paris, and the capital of Germany is Berlin."
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    built = {}
-
-    def get(family: str) -> str:
-        if family not in built:
-            built[family] = make_family_checkpoint(str(tmp_path_factory.mktemp(family)), family)
-        return built[family]
-    return get
-
-
 def _break(monkeypatch, change):
     """Makes pyllm (not transformers) load a broken model: change(spec, bound) edits what
     build_core receives."""
@@ -45,8 +34,8 @@ def _run(capsys, *argv) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2"])
-def test_a_correct_model_passes(folders, capsys, family):
-    code, out = _run(capsys, folders(family), PROMPT, "--threads", "2")
+def test_a_correct_model_passes(family_checkpoint, capsys, family):
+    code, out = _run(capsys, family_checkpoint(family), PROMPT, "--threads", "2")
     assert code == 0, out
     assert "every component agrees" in out
     assert "layer 2 hidden" in out and "logits" in out
@@ -73,9 +62,9 @@ def _drop_softcap(spec, bound):
     ("gemma2", _drop_softcap, "layer 0 attn"),
     ("llama", _swap("layers.2.attn_norm", "layers.2.ffn_norm"), "layer 2 attn_norm"),
 ])
-def test_a_broken_model_fails_at_the_broken_component(folders, capsys, monkeypatch, family, change, first):
+def test_a_broken_model_fails_at_the_broken_component(family_checkpoint, capsys, monkeypatch, family, change, first):
     _break(monkeypatch, change)
-    code, out = _run(capsys, folders(family), PROMPT, "--threads", "2", "--json")
+    code, out = _run(capsys, family_checkpoint(family), PROMPT, "--threads", "2", "--json")
     result = json.loads(out)
     assert code == 1
     assert result["ok"] is False
@@ -86,9 +75,9 @@ def test_a_broken_model_fails_at_the_broken_component(folders, capsys, monkeypat
     assert all(r["passed"] for r in result["rungs"][:names.index(first)])
 
 
-def test_text_ladder_names_the_divergence(folders, capsys, monkeypatch):
+def test_text_ladder_names_the_divergence(family_checkpoint, capsys, monkeypatch):
     _break(monkeypatch, _swap("layers.1.wk", "layers.2.wk"))
-    code, out = _run(capsys, folders("llama"), PROMPT, "--threads", "2", "--layers", "1,2")
+    code, out = _run(capsys, family_checkpoint("llama"), PROMPT, "--threads", "2", "--layers", "1,2")
     assert code == 1
     assert "first divergence: layer 1 k" in out
     assert "layer 0" not in out
@@ -118,12 +107,12 @@ def test_compare_metrics():
     assert not nan.passed
 
 
-def test_without_transformers_the_error_names_the_extra(folders, monkeypatch):
+def test_without_transformers_the_error_names_the_extra(family_checkpoint, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
     with pytest.raises(PyllmError, match=r"pyllm\[verify\]"):
-        verify.verify(folders("llama"), PROMPT, threads=2)
+        verify.verify(family_checkpoint("llama"), PROMPT, threads=2)
 
 
 @pytest.mark.slow
