@@ -177,6 +177,11 @@ def vec_dot_type(int wtype) -> int:
     return _traits(wtype).vec_dot_type
 
 
+def block_size(int wtype) -> int:
+    """Elements per block of a type (1 for f32/f16/bf16)."""
+    return _traits(wtype).block_size
+
+
 def row_size(int wtype, int64_t n) -> int:
     cdef int64_t r = pl_row_size(wtype, n)
     if r < 0:

@@ -77,6 +77,12 @@ class _Binder:
             target = K_QUANT_FALLBACK[target]
         if target is None or target == info.wtype:
             return (int(info.wtype), rows, cols, info.address)
+        block = _core.block_size(int(target))
+        if cols % block:
+            asked = self.dtype.name.lower() + (f" (here {target.name.lower()})" if target != self.dtype else "")
+            raise ValueError(f"dtype={asked} needs rows of whole {block}-element blocks, but "
+                             f"tensor {info.name!r} ({slot}) has rows of {cols} in {self.source}: "
+                             f"choose a float dtype (f16, bf16, f32) for this model")
         key = (info.name, int(target))  # a tied head converted like the embeddings shares their bytes
         if key not in self.owned:
             self.owned[key] = _core.convert_tensor(int(info.wtype), info.bytes(), rows, cols,

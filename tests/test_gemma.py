@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -514,3 +515,12 @@ def test_gemma_chat_template_refuses_a_system_turn_like_transformers(family_chec
     llm = pyllm.load(folder, threads=1)
     with pytest.raises(ChatTemplateError, match="System role not supported"):
         llm.render_chat([{"role": "system", "content": "Be brief."}] + CONVERSATION[:1])
+
+
+@pytest.mark.parametrize("dtype,named", [("q4_0", "dtype=q4_0 needs rows of whole 32-element blocks"),
+                                         ("q4_k", "dtype=q4_k (here q5_0) needs rows of whole 32")])
+def test_a_dtype_whose_blocks_do_not_fit_the_rows_names_the_tensor(family_checkpoint, dtype, named):
+    """The tiny Gemma's FFN is 181 wide: no 32-element block type fits its down projection."""
+    with pytest.raises(ValueError, match=re.escape(named)) as e:
+        pyllm.load(family_checkpoint("gemma"), dtype=dtype)
+    assert "mlp.down_proj.weight" in str(e.value) and "181" in str(e.value)
