@@ -229,7 +229,7 @@ int pl_forward(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tok
 
 int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
                       float *logits, int all_logits, const pl_trace *trace) {
-    if (n < 1 || !tokens || !logits) return PL_ERR_ARGS;
+    if (n < 1 || !tokens || (!logits && !(trace && trace->out_norm))) return PL_ERR_ARGS;
     if (trace && (s->pos < trace->pos0 || s->pos + n > trace->pos0 + trace->n_rows ||
                   trace->n_keys < trace->pos0 + trace->n_rows))
         return PL_ERR_ARGS;
@@ -242,7 +242,7 @@ int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32
     for (int done = 0; done < n;) {
         int chunk = n - done < s->n_batch ? n - done : s->n_batch;
         int last = done + chunk == n;
-        float *out = all_logits ? logits + (int64_t)done * m->vocab_size : (last ? logits : NULL);
+        float *out = !logits ? NULL : all_logits ? logits + (int64_t)done * m->vocab_size : (last ? logits : NULL);
         forward_args a = {m, s, pool, tokens + done, chunk, out, all_logits, n, trace,
                           trace ? s->pos - trace->pos0 : 0};
         int blas_chunk = s->mm.sgemm && s->mm.per_thread_blas && n >= PL_BLAS_MIN_TOKENS;

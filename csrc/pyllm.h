@@ -309,7 +309,8 @@ typedef struct {
 } pl_trace;
 
 /* pl_forward with a trace (NULL: none). The tokens must fall inside the trace's rows; PL_ERR_ARGS
- * otherwise. With out_norm traced every row goes through the final norm. */
+ * otherwise. With out_norm traced every row goes through the final norm, and logits may be NULL
+ * (no head: sentence embeddings). */
 /* The final norm, head and soft-cap applied to n (<= the state's n_batch) rows of a residual
  * stream x (n, dim), such as a traced layer's hidden: the logit lens. The cache is untouched. */
 int pl_head(const pl_model *m, pl_state *s, pl_pool *pool, const float *x, int n, float *logits);

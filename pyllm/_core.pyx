@@ -594,13 +594,13 @@ cdef class CoreSequence:
             raise RuntimeError(f"forward failed with status {rc}")
         self.tokens_processed += n
 
-    def forward_traced(self, tokens, dict wanted):
+    def forward_traced(self, tokens, dict wanted, bint logits=True):
         """Appends tokens as forward(all_logits=True) does, copying out intermediates on the way.
 
         wanted: "embed" and "out_norm" -> True; a TRACE_POINTS name -> the layers to trace. Returns
         (logits (n, vocab), {name: array}): embed and out_norm (n, dim); a layer point
         (len(layers), n, width), the layers in the order given, with probs (len(layers), n_heads,
-        n, pos + n) over every cached key.
+        n, pos + n) over every cached key. logits=False (out_norm wanted) skips the head: None.
         """
         arr = np.ascontiguousarray(tokens, dtype=np.int32)
         cdef const int32_t[::1] tv = arr
@@ -635,15 +635,16 @@ cdef class CoreSequence:
             for i, l in enumerate(layers):
                 table[l * PL_TRACE_POINTS + index] = buf[i].ctypes.data
         tr.layers = <float **><uintptr_t>table.ctypes.data if table.any() else NULL
-        cdef int vocab = m.vocab_size
-        logits = np.empty((n, vocab), dtype=np.float32)
-        cdef float[:, ::1] lv = logits
+        if not logits and "out_norm" not in out:
+            raise ValueError("a forward without logits must trace out_norm")
+        result = np.empty((n, m.vocab_size), dtype=np.float32) if logits else None
+        cdef float *lp = <float *><uintptr_t>result.ctypes.data if logits else NULL
         cdef int rc
         with _forward_lock:
             with nogil:
-                rc = pl_forward_traced(m, self.s, self.model.pool, &tv[0], n, &lv[0, 0], 1, &tr)
+                rc = pl_forward_traced(m, self.s, self.model.pool, &tv[0], n, lp, 1, &tr)
         self._check_status(rc, n)
-        return logits, out
+        return result, out
 
 
 # ---------------------------------------------------------------- ops, for tests against numpy

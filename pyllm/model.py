@@ -24,6 +24,7 @@ from .formats.safetensors import open_checkpoint
 from .chat import ChatTemplateError, render_chat
 from .generation import Completion, StopMatcher, Stream
 from .sampling import Sampler, SamplingParams, top_logprobs
+from .embedding import POOLINGS, embed_ids
 from .scoring import Score, check_window, token_logprobs
 from .threads import default_threads
 from .tokenizer import IncrementalDecoder, Tokenizer
@@ -298,6 +299,28 @@ class Model:
             return np.zeros(rows.shape[:-1] + (self.vocab_size,), dtype=np.float32)
         seq = _core.CoreSequence(self._core, min(len(flat), 256))
         return seq.head(flat).reshape(rows.shape[:-1] + (self.vocab_size,))
+
+    def embed(self, texts, *, pooling: str = "mean", normalize: bool = True) -> np.ndarray:
+        """Sentence vectors of texts (a str, or a list of them): the final hidden states (after the
+        final norm) pooled by "mean" over every token or the "last" token, unit length when
+        normalize. Returns float32 (dim,) for a str, (len(texts), dim) for a list.
+
+        >>> v = llm.embed(["a cat", "a dog"])  # doctest: +SKIP
+        >>> float(v[0] @ v[1])  # cosine similarity  # doctest: +SKIP
+        0.93
+        """
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        single = isinstance(texts, str)
+        batch = [texts] if single else texts
+        if isinstance(batch, (bytes, dict)) or not hasattr(batch, "__iter__"):
+            raise ValueError(f"texts must be a str or a list of str, got {type(texts).__name__}")
+        batch = list(batch)
+        if not batch:
+            raise ValueError("texts is empty")
+        vectors = [embed_ids(self._core, self._check_ids(self.tokenize(_check_text(t, "texts")), "text"),
+                             pooling, bool(normalize)) for t in batch]
+        return vectors[0] if single else np.stack(vectors)
 
     def score(self, text, *, top: int = 5, window: int | None = None, stride: int | None = None,
               progress=None) -> Score:
