@@ -20,7 +20,20 @@ typedef struct {
     int batch;        /* tokens of the whole call: picks the matmul path for every chunk alike */
     const pl_trace *trace; /* or NULL */
     int trace_row;    /* the trace row of this chunk's first token */
+    pl_state *const *seqs; /* a batched decode step: row t is the next token of seqs[t]; else NULL */
 } forward_args;
+
+/* Where row t of the batch belongs: its sequence and its position there. Without seqs every row
+ * is the next position of s; with them (a batched decode step) each row is one sequence's token,
+ * and s lends only its activation buffers. */
+static inline pl_state *seq_of(const forward_args *a, int t) { return a->seqs ? a->seqs[t] : a->s; }
+static inline int pos_of(const forward_args *a, int t) { return a->seqs ? a->seqs[t]->pos : a->s->pos + t; }
+
+/* Row t's key (which = 0) or value (1) slot in layer l of its sequence's cache. */
+static inline float *cache_row(const forward_args *a, int which, int l, int t) {
+    pl_state *q = seq_of(a, t);
+    return (which ? q->v_cache : q->k_cache) + ((int64_t)l * q->n_ctx + pos_of(a, t)) * q->kv_dim;
+}
 
 /* A trace's copy of rows [0, n) of src (row stride width) into buf, this thread's rows: the same
  * t % nth ownership as the step that computed them, so it needs no barrier of its own. */
@@ -45,7 +58,7 @@ static void embed(const forward_args *a, int ith, int nth) {
             for (int i = 0; i < m->dim; i++) x[i] *= m->embed_scale;
         if (m->pos_embd.data) {
             int64_t prow = pl_row_size(m->pos_embd.type, m->dim);
-            pl_traits(m->pos_embd.type)->to_f32((const char *)m->pos_embd.data + (int64_t)(s->pos + t) * prow,
+            pl_traits(m->pos_embd.type)->to_f32((const char *)m->pos_embd.data + (int64_t)pos_of(a, t) * prow,
                                                 pos_row, m->dim);
             for (int i = 0; i < m->dim; i++) x[i] += pos_row[i];
         }
@@ -76,30 +89,51 @@ static void residual_add(const forward_args *a, const pl_norm *post_norm, float 
     trace_rows(a, x_out, a->s->x, dim, ith, nth);
 }
 
-/* Per-head RMSNorm of q and k (Qwen3, Gemma 3), then rope on the first n_rot dims of each head. */
-static void position_heads(const forward_args *a, const pl_layer *L, float *kc, int ith, int nth) {
+/* Per-head RMSNorm of q and k (Qwen3, Gemma 3), then rope on the first n_rot dims of each head.
+ * Row t's key is k + t · k_stride: in the cache, or (a batched step) in the state's staging rows,
+ * whence it and its value go to their sequences' caches. */
+static void position_heads(const forward_args *a, const pl_layer *L, int l, float *k0, int64_t k_stride, int ith,
+                           int nth) {
     const pl_model *m = a->m;
     pl_state *s = a->s;
-    const int hd = m->head_dim, pos0 = s->pos, half = m->n_rot / 2;
+    const int hd = m->head_dim, half = m->n_rot / 2;
     const int64_t qd = (int64_t)m->n_heads * hd, kvd = s->kv_dim;
-    const float *cos_tab = s->rope_cos + (int64_t)L->rope * s->n_ctx * half;
-    const float *sin_tab = s->rope_sin + (int64_t)L->rope * s->n_ctx * half;
     for (int t = ith; t < a->n; t += nth) {
-        float *q = s->q + t * qd, *k = kc + (pos0 + t) * kvd;
+        const pl_state *seq = seq_of(a, t);
+        const int pos = pos_of(a, t);
+        float *q = s->q + t * qd, *k = k0 + t * k_stride;
         if (L->q_norm.w)
             for (int h = 0; h < m->n_heads; h++) pl_norm_apply(q + h * hd, q + h * hd, &L->q_norm, hd, m->norm_eps);
         if (L->k_norm.w)
             for (int h = 0; h < m->n_kv_heads; h++) pl_norm_apply(k + h * hd, k + h * hd, &L->k_norm, hd, m->norm_eps);
         if (m->n_rot) {
-            const float *cos = cos_tab + (int64_t)(pos0 + t) * half, *sin = sin_tab + (int64_t)(pos0 + t) * half;
-            pl_rope(q, m->n_heads, hd, m->n_rot, cos, sin, m->rope_interleaved);
-            pl_rope(k, m->n_kv_heads, hd, m->n_rot, cos, sin, m->rope_interleaved);
+            const int64_t at = ((int64_t)L->rope * seq->n_ctx + pos) * half;
+            pl_rope(q, m->n_heads, hd, m->n_rot, seq->rope_cos + at, seq->rope_sin + at, m->rope_interleaved);
+            pl_rope(k, m->n_kv_heads, hd, m->n_rot, seq->rope_cos + at, seq->rope_sin + at, m->rope_interleaved);
+        }
+        if (a->seqs) {
+            memcpy(cache_row(a, 0, l, t), k, (size_t)kvd * sizeof *k);
+            memcpy(cache_row(a, 1, l, t), s->vstage + t * kvd, (size_t)kvd * sizeof *k);
         }
     }
 }
 
+/* Attention of a batched step: each row over its own sequence's cache, one row at a time (the
+ * heads of a row are dealt to the threads). */
+static void attention_per_sequence(const forward_args *a, const pl_layer *L, int l, int ith, int nth) {
+    const pl_model *m = a->m;
+    pl_state *s = a->s;
+    const int64_t qd = (int64_t)m->n_heads * m->head_dim;
+    for (int t = 0; t < a->n; t++) {
+        const pl_state *seq = seq_of(a, t);
+        const int64_t layer_off = (int64_t)l * seq->n_ctx * seq->kv_dim;
+        pl_attention(m, s->q + t * qd, seq->k_cache + layer_off, seq->v_cache + layer_off, seq->pos, 1,
+                     L->sliding_window, s->att + t * qd, s->scores + (int64_t)ith * s->n_ctx, NULL, ith, nth);
+    }
+}
+
 /* tr: the layer's PL_TRACE_POINTS buffers, or NULL when it is not traced. */
-static void layer(const forward_args *a, const pl_layer *L, float *kc, float *vc, float *const *tr, int ith,
+static void layer(const forward_args *a, const pl_layer *L, int l, float *kc, float *vc, float *const *tr, int ith,
                   int nth) {
     static float *const untraced[PL_TRACE_POINTS];
     const pl_model *m = a->m;
@@ -113,15 +147,16 @@ static void layer(const forward_args *a, const pl_layer *L, float *kc, float *vc
     trace_rows(a, tr[PL_TRACE_ATTN_NORM], s->xn, dim, ith, nth);
     pl_barrier(pool);
 
-    /* k and v are written straight into the cache at their positions */
-    pl_matmul_out qkv[3] = {{&L->wq, s->q, qd, L->bq},
-                            {&L->wk, kc + (int64_t)pos0 * kvd, kvd, L->bk},
-                            {&L->wv, vc + (int64_t)pos0 * kvd, kvd, L->bv}};
+    /* k and v are written straight into the cache at their positions; a batched step's rows
+     * belong to different caches, so they wait in the state's staging rows */
+    float *k0 = a->seqs ? s->kstage : kc + (int64_t)pos0 * kvd;
+    float *v0 = a->seqs ? s->vstage : vc + (int64_t)pos0 * kvd;
+    pl_matmul_out qkv[3] = {{&L->wq, s->q, qd, L->bq}, {&L->wk, k0, kvd, L->bk}, {&L->wv, v0, kvd, L->bv}};
     pl_matmul(qkv, 3, s->xn, n, a->batch, &s->mm, pool, ith, nth);
     pl_barrier(pool);
 
-    if (L->q_norm.w || L->k_norm.w || m->n_rot) {
-        position_heads(a, L, kc, ith, nth);
+    if (L->q_norm.w || L->k_norm.w || m->n_rot || a->seqs) {
+        position_heads(a, L, l, k0, kvd, ith, nth);
         pl_barrier(pool);
     }
     /* attention only reads q, k and v: copying them out needs no barrier */
@@ -132,7 +167,9 @@ static void layer(const forward_args *a, const pl_layer *L, float *kc, float *vc
     pl_probs_out probs_out = {tr[PL_TRACE_PROBS], a->trace_row, a->trace ? a->trace->n_rows : 0,
                               a->trace ? a->trace->n_keys : 0};
     const pl_probs_out *probs = probs_out.data ? &probs_out : NULL;
-    if (s->mm.sgemm && s->mm.per_thread_blas && a->batch >= PL_BLAS_MIN_TOKENS)
+    if (a->seqs)
+        attention_per_sequence(a, L, l, ith, nth);
+    else if (s->mm.sgemm && s->mm.per_thread_blas && a->batch >= PL_BLAS_MIN_TOKENS)
         pl_attention_blas(m, s->q, kc, vc, pos0, n, L->sliding_window, s->att,
                           s->scores + (int64_t)ith * PL_ATTN_QBLOCK * s->n_ctx, s->mm.sgemm, probs, ith, nth);
     else
@@ -171,7 +208,7 @@ static void forward_task(void *raw, int ith, int nth) {
 
     float *const *traced = a->trace && a->trace->layers ? a->trace->layers : NULL;
     for (int l = 0; l < m->n_layers; l++)
-        layer(a, &m->layers[l], s->k_cache + (int64_t)l * s->n_ctx * s->kv_dim,
+        layer(a, &m->layers[l], l, s->k_cache + (int64_t)l * s->n_ctx * s->kv_dim,
               s->v_cache + (int64_t)l * s->n_ctx * s->kv_dim, traced ? traced + l * PL_TRACE_POINTS : NULL,
               ith, nth);
 
@@ -217,7 +254,7 @@ static void head_task(void *raw, int ith, int nth) {
 
 int pl_head(const pl_model *m, pl_state *s, pl_pool *pool, const float *x, int n, float *logits) {
     if (n < 1 || n > s->n_batch || !x || !logits) return PL_ERR_ARGS;
-    head_args h = {{m, s, pool, NULL, n, logits, 1, n, NULL, 0}, x};
+    head_args h = {{m, s, pool, NULL, n, logits, 1, n, NULL, 0, NULL}, x};
     pl_pool_run(pool, head_task, &h);
     return PL_OK;
 }
@@ -244,7 +281,7 @@ int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32
         int last = done + chunk == n;
         float *out = !logits ? NULL : all_logits ? logits + (int64_t)done * m->vocab_size : (last ? logits : NULL);
         forward_args a = {m, s, pool, tokens + done, chunk, out, all_logits, n, trace,
-                          trace ? s->pos - trace->pos0 : 0};
+                          trace ? s->pos - trace->pos0 : 0, NULL};
         int blas_chunk = s->mm.sgemm && s->mm.per_thread_blas && n >= PL_BLAS_MIN_TOKENS;
         int blas_threads = blas_chunk ? m->blas.get_threads() : 0;
         if (blas_chunk) m->blas.set_threads(1);
@@ -253,5 +290,23 @@ int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32
         s->pos += chunk;
         done += chunk;
     }
+    return PL_OK;
+}
+
+int pl_forward_batch(const pl_model *m, pl_state *work, pl_state *const *seqs, int n_seqs, pl_pool *pool,
+                     const int32_t *tokens, float *logits) {
+    if (n_seqs < 1 || n_seqs > work->n_batch || !seqs || !tokens || !logits) return PL_ERR_ARGS;
+    for (int b = 0; b < n_seqs; b++) {
+        const pl_state *q = seqs[b];
+        if (!q || q == work || q->kv_dim != work->kv_dim || q->n_ctx > work->n_ctx) return PL_ERR_ARGS;
+        for (int c = 0; c < b; c++)
+            if (seqs[c] == q) return PL_ERR_ARGS;
+        if (q->pos >= q->n_ctx || (m->pos_embd.data && q->pos >= m->n_positions)) return PL_ERR_CONTEXT;
+        if (tokens[b] < 0 || tokens[b] >= m->vocab_size) return PL_ERR_TOKEN;
+    }
+    /* batch 1: every row takes the decode path, so each sequence's numbers are its solo step's */
+    forward_args a = {m, work, pool, tokens, n_seqs, logits, 1, 1, NULL, 0, seqs};
+    pl_pool_run(pool, forward_task, &a);
+    for (int b = 0; b < n_seqs; b++) seqs[b]->pos++;
     return PL_OK;
 }

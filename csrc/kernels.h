@@ -129,6 +129,8 @@ struct pl_state {
     float *tmp;            /* (n_batch, dim) a block's output before the residual add */
     float *gate;           /* (n_batch, ffn_dim) */
     float *up;             /* (n_batch, ffn_dim) */
+    float *kstage;         /* (n_batch, kv_dim) a batched decode step's keys before their caches */
+    float *vstage;         /* (n_batch, kv_dim) and values */
     float *scores;         /* (n_threads, n_ctx); (n_threads, PL_ATTN_QBLOCK, n_ctx) with sgemm */
     pl_matmul_scratch mm;  /* xq: (PL_MATMUL_MAX_OUTS, xq_region); wtile: (tile_floats) */
 };

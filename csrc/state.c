@@ -48,7 +48,7 @@ static void measure(const pl_tensor *w, void *arg) {
 void pl_state_free(pl_state *s) {
     if (!s) return;
     float *bufs[] = {s->k_cache, s->v_cache, s->rope_cos, s->rope_sin, s->x, s->xn, s->q, s->pos_row,
-                     s->att, s->tmp, s->gate, s->up, s->scores, s->mm.wtile};
+                     s->att, s->tmp, s->gate, s->up, s->scores, s->mm.wtile, s->kstage, s->vstage};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free_aligned(bufs[i]);
     free_aligned(s->mm.xq);
     free(s);
@@ -79,6 +79,8 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
     s->tmp = alloc_aligned((size_t)n_batch * m->dim * f);
     s->gate = alloc_aligned((size_t)n_batch * m->ffn_dim * f);
     s->up = alloc_aligned((size_t)n_batch * m->ffn_dim * f);
+    s->kstage = alloc_aligned((size_t)n_batch * s->kv_dim * f);
+    s->vstage = alloc_aligned((size_t)n_batch * s->kv_dim * f);
     s->scores = alloc_aligned((size_t)n_threads * (m->sgemm ? PL_ATTN_QBLOCK : 1) * n_ctx * f);
 
     scratch_needs need = {n_batch, 0, 0, 0};
@@ -94,7 +96,7 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
         if (!s->mm.wtile) goto fail;
     }
     if (!s->k_cache || !s->v_cache || !s->rope_cos || !s->rope_sin || !s->pos_row || !s->x || !s->xn || !s->q ||
-        !s->att || !s->tmp || !s->gate || !s->up || !s->scores || !s->mm.xq)
+        !s->att || !s->tmp || !s->gate || !s->up || !s->scores || !s->mm.xq || !s->kstage || !s->vstage)
         goto fail;
 
     /* Angles in float32, as transformers computes them (position × inv_freq, then cos/sin, then

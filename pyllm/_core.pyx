@@ -5,7 +5,7 @@ Everything that reaches C here has been validated by the Python layer (formats/,
 point inside live mmaps or numpy arrays that the objects below keep referenced.
 """
 from libc.stdint cimport int32_t, int64_t, uintptr_t
-from libc.stdlib cimport calloc, free
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
 import threading
@@ -109,6 +109,8 @@ cdef extern from "pyllm.h" nogil:
     int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
                           float *logits, int all_logits, const pl_trace *trace)
     int pl_head(const pl_model *m, pl_state *s, pl_pool *pool, const float *x, int n, float *logits)
+    int pl_forward_batch(const pl_model *m, pl_state *work, pl_state *const *seqs, int n_seqs, pl_pool *pool,
+                         const int32_t *tokens, float *logits)
 
 cdef extern from "kernels.h" nogil:
     ctypedef struct pl_matmul_out:
@@ -563,6 +565,51 @@ cdef class CoreSequence:
                 rc = pl_forward(&self.model.m, self.s, self.model.pool, &tv[0], n, &ov[0], all_logits)
         self._check_status(rc, n)
         return out
+
+    def forward_batch(self, list seqs, tokens):
+        """One decode step of every sequence in seqs (CoreSequences of this model, each its own),
+        tokens[b] appended to seqs[b]; this sequence lends its buffers (n_batch >= len(seqs)) and
+        is not advanced. Returns float32 logits (len(seqs), vocab), row b equal to what
+        seqs[b].forward([tokens[b]]) would give."""
+        cdef int n = len(seqs)
+        arr = np.ascontiguousarray(tokens, dtype=np.int32)
+        if n == 0 or arr.shape != (n,):
+            raise ValueError("one token per sequence, and at least one sequence")
+        if n > self.n_batch:
+            raise ValueError(f"{n} sequences in one step: this buffer holds {self.n_batch}")
+        cdef const int32_t[::1] tv = arr
+        cdef CoreSequence seq
+        cdef pl_state **states = <pl_state **>malloc(n * sizeof(pl_state *))
+        if states == NULL:
+            raise MemoryError()
+        try:
+            for b in range(n):
+                seq = seqs[b]
+                if seq.model is not self.model:
+                    raise ValueError("every sequence must belong to this model")
+                states[b] = seq.s
+            out = np.empty((n, self.model.m.vocab_size), dtype=np.float32)
+            rc = self._batch_step(states, n, &tv[0], out)
+        finally:
+            free(states)
+        if rc == 1:
+            raise ValueError(f"a token id is outside [0, {self.model.m.vocab_size})")
+        if rc == 2:
+            raise OverflowError("a sequence's context is full")
+        if rc != 0:
+            raise ValueError("the sequences must be distinct, of this model, and fit this buffer's context")
+        for b in range(n):
+            seq = seqs[b]
+            seq.tokens_processed += 1
+        return out
+
+    cdef int _batch_step(self, pl_state **states, int n, const int32_t *tokens, object out):
+        cdef float[:, ::1] ov = out
+        cdef int rc
+        with _forward_lock:
+            with nogil:
+                rc = pl_forward_batch(&self.model.m, self.s, states, n, self.model.pool, tokens, &ov[0, 0])
+        return rc
 
     def head(self, const float[:, ::1] x):
         """Logits (n, vocab) of residual rows x (n, dim) through the final norm and the head, in

@@ -74,6 +74,50 @@ class StopMatcher:
         return out
 
 
+class TextAssembler:
+    """One generation's text as its tokens arrive: whole UTF-8 characters only, cut at the first
+    stop string. feed() returns the text that may be shown now; finish() the rest and the result."""
+
+    def __init__(self, tokenizer, stop, prompt_tokens: int, want_logprobs: bool):
+        from .tokenizer import IncrementalDecoder
+
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.stops = StopMatcher(stop)
+        self.prompt_tokens = prompt_tokens
+        self.want_logprobs = want_logprobs
+        self.tokens: list[int] = []
+        self.entries: list[dict] = []
+        self.text: list[str] = []
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string has appeared: the generation must end here."""
+        return self.stops.stopped
+
+    def feed(self, token: int, entry: dict | None) -> str:
+        self.tokens.append(token)
+        if entry is not None:
+            self.entries.append(entry)
+        piece = self.stops.feed(self.decoder.push(token))
+        if piece:
+            self.text.append(piece)
+        return piece
+
+    def finish(self, finish_reason: str) -> tuple[str, Completion]:
+        """(the last text piece, the Completion); a stop string ends it with "stop"."""
+        tail = ""
+        if not self.stops.stopped:
+            tail = self.stops.feed(self.decoder.flush()) + self.stops.flush()
+            if tail:
+                self.text.append(tail)
+        if self.stops.stopped:
+            finish_reason = "stop"
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.tokens),
+                 "total_tokens": self.prompt_tokens + len(self.tokens)}
+        return tail, Completion("".join(self.text), self.tokens, finish_reason, usage,
+                                self.entries if self.want_logprobs else None)
+
+
 class Stream:
     """An iterator of text pieces. Once exhausted it holds every field of a generate() result —
     .text, .token_ids, .finish_reason, .usage, .logprobs — and the Completion itself as .completion;

@@ -22,12 +22,13 @@ from .formats.json_files import read_json_object
 from .formats.mapped import WeightSummary
 from .formats.safetensors import open_checkpoint
 from .chat import ChatTemplateError, render_chat
-from .generation import Completion, StopMatcher, Stream
+from .generation import Completion, StopMatcher, Stream, TextAssembler
 from .sampling import Sampler, SamplingParams, top_logprobs
+from .batch import generate_batch
 from .embedding import POOLINGS, embed_ids
 from .scoring import Score, check_window, token_logprobs
 from .threads import default_threads
-from .tokenizer import IncrementalDecoder, Tokenizer
+from .tokenizer import Tokenizer
 from .trace import Trace, check_captures, check_layers, run_trace
 from .tokenizer_gguf import tokenizer_from_gguf
 
@@ -208,34 +209,17 @@ class Model:
         """Text pieces of one generation; leaves the Completion in result["completion"]."""
         settings = _sampling_params(sampling, params)
         prompt_ids = self._prompt_ids(prompt)
-        decoder = IncrementalDecoder(self.tokenizer)
-        stops = StopMatcher(stop)
+        out = TextAssembler(self.tokenizer, stop, len(prompt_ids), logprobs is not None)
         state: dict = {}
-        tokens: list[int] = []
-        entries: list[dict] = []
-        text = []
         for token, entry in self._token_events(prompt_ids, settings, max_tokens, logprobs, state):
-            tokens.append(token)
-            if entry is not None:
-                entries.append(entry)
-            piece = stops.feed(decoder.push(token))
+            piece = out.feed(token, entry)
             if piece:
-                text.append(piece)
                 yield piece
-            if stops.stopped:
-                state["finish_reason"] = "stop"
+            if out.stopped:
                 break
-        if not stops.stopped:
-            tail = stops.feed(decoder.flush()) + stops.flush()
-            if stops.stopped:
-                state["finish_reason"] = "stop"
-            if tail:
-                text.append(tail)
-                yield tail
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(tokens),
-                 "total_tokens": len(prompt_ids) + len(tokens)}
-        result["completion"] = Completion("".join(text), tokens, state["finish_reason"], usage,
-                                          entries if logprobs is not None else None)
+        tail, result["completion"] = out.finish(state["finish_reason"])
+        if tail:
+            yield tail
 
     def stream(self, prompt, *, max_tokens: int = 128, stop=None, logprobs: int | None = None,
                sampling: SamplingParams | None = None, **params) -> Stream:
@@ -253,6 +237,8 @@ class Model:
         >>> s.finish_reason  # doctest: +SKIP
         'length'
         """
+        if _is_prompt_list(prompt):
+            raise ValueError("stream() takes one prompt; generate() takes a list of them")
         result: dict = {}
         _sampling_params(sampling, params)  # bad settings raise here, not at the first next()
         _check_run_settings(max_tokens, logprobs)
@@ -260,12 +246,25 @@ class Model:
         return Stream(self._run(prompt, max_tokens, stop, logprobs, sampling, params, result), result)
 
     def generate(self, prompt, *, max_tokens: int = 128, stop=None, logprobs: int | None = None,
-                 sampling: SamplingParams | None = None, **params) -> Completion:
+                 sampling: SamplingParams | None = None, **params) -> Completion | list[Completion]:
         """Continues prompt (text or token ids); greedy unless a temperature is given.
+
+        A list of prompts (texts, or lists of ids) is generated together and gives a list of
+        Completions, each the one that prompt gets alone (the same seed, the same tokens): every
+        prompt has a cache of its own, and each decode step advances them all at once, reading
+        the weights once per step instead of once per prompt.
 
         >>> llm.generate("The capital of France is", max_tokens=8).text  # doctest: +SKIP
         ' Paris. It is the largest city in'
+        >>> [c.text for c in llm.generate(["The sky is", "Water boils at"], max_tokens=8)]  # doctest: +SKIP
         """
+        if _is_prompt_list(prompt):
+            settings = _sampling_params(sampling, params)
+            _check_run_settings(max_tokens, logprobs)
+            StopMatcher(stop)
+            settings.validate(self.vocab_size)
+            prompts = [self._check_ids(self._prompt_ids(p), "prompt") for p in prompt]
+            return generate_batch(self, prompts, settings, max_tokens, stop, logprobs)
         s = self.stream(prompt, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
                         sampling=sampling, **params)
         for _ in s:
@@ -366,6 +365,15 @@ class Model:
         if stream:
             return self.stream(ids, max_tokens=max_tokens, **params)
         return self.generate(ids, max_tokens=max_tokens, **params)
+
+
+def _is_prompt_list(prompt) -> bool:
+    """A list (or tuple) of prompts, as opposed to one prompt given as token ids."""
+    if not isinstance(prompt, (list, tuple)):
+        return False
+    if not prompt:
+        raise ValueError("the list of prompts is empty")
+    return not _is_int(prompt[0])
 
 
 def _is_int(value) -> bool:

@@ -190,8 +190,9 @@ def test_token_ids_must_be_ints_inside_the_vocabulary_naming_the_argument(tiny):
             tiny.logits(bad)
         with pytest.raises(ValueError, match="ids must"):
             tiny.detokenize(bad)
-        with pytest.raises(ValueError, match="prompt must"):
-            tiny.generate(bad if isinstance(bad, list) else [bad], max_tokens=1)
+        with pytest.raises(ValueError, match="prompt must"):  # ids after an int: one prompt of ids
+            tiny.generate([5] + (bad if isinstance(bad, list) else [bad]), max_tokens=1)
+    assert isinstance(tiny.generate(["1"], max_tokens=1), list)  # texts in a list: a list of prompts
     for bad in (-1, tiny.vocab_size):
         with pytest.raises(ValueError, match=rf"ids: token id {bad} is outside the vocabulary \[0, 320\)"):
             tiny.detokenize([bad])
