@@ -51,10 +51,10 @@ def _perplexity(args: argparse.Namespace) -> int:
     from .errors import PyllmError
 
     try:
-        with open(args.file, encoding="utf-8") as f:
+        with open(args.text_file, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
-        raise PyllmError(f"cannot read {args.file}: {e}") from None
+        raise PyllmError(f"cannot read {args.text_file}: {e}") from None
     llm = load_model(args)
     ids = llm.tokenize(text)
     bar = _progress(len(ids) - 1, quiet=args.json)
@@ -62,12 +62,12 @@ def _perplexity(args: argparse.Namespace) -> int:
         score = llm.score(ids, top=0, window=args.window, stride=args.stride, progress=bar.update)
     finally:
         bar.close()
-    result = {"file": args.file, "tokens": len(ids), "scored": score.n_scored, "perplexity": score.perplexity,
+    result = {"file": args.text_file, "tokens": len(ids), "scored": score.n_scored, "perplexity": score.perplexity,
               "mean_nll": float(-score.logprobs.mean())}
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{args.file}: {score.n_scored} tokens scored, perplexity {score.perplexity:.4f} "
+        print(f"{args.text_file}: {score.n_scored} tokens scored, perplexity {score.perplexity:.4f} "
               f"(mean NLL {result['mean_nll']:.4f} nats)")
     return 0
 
@@ -103,7 +103,7 @@ def add_commands(sub, model_arg) -> None:
 
     ppl = sub.add_parser("perplexity", help="perplexity of a text file")
     model_arg(ppl)
-    ppl.add_argument("file", help="a UTF-8 text file")
+    ppl.add_argument("text_file", metavar="FILE", help="a UTF-8 text file")  # --file picks a model file
     ppl.add_argument("--window", type=int, default=None, help="tokens per window (default: the context)")
     ppl.add_argument("--stride", type=int, default=None, help="tokens a window advances (default window/2)")
     ppl.add_argument("--json", action="store_true")

@@ -34,25 +34,40 @@ from .tokenizer_gguf import tokenizer_from_gguf
 
 DEFAULT_MAX_CONTEXT = 4096  # the cache is sized for this unless n_ctx says otherwise
 MAX_THREADS = 1024  # more than any CPU this runs on has cores; a larger count is a mistake
+MAX_PARALLEL = 1024  # KV caches one model may hold
+
+
+class _Cache:
+    """One KV cache of a model's pool: the ids whose keys/values it holds, and the generation
+    using it (None: free, kept for a later prompt that shares its prefix)."""
+
+    def __init__(self, seq: _core.CoreSequence):
+        self.seq = seq
+        self.ids: list[int] = []
+        self.owner: object | None = None
+        self.used = 0  # when it was last used, for taking the stalest one when none is free
 
 
 class Model:
     """A language model ready to run. Build one with pyllm.load()."""
 
     def __init__(self, core: _core.CoreModel, spec: ModelSpec, tokenizer: Tokenizer, n_ctx: int,
-                 source: str, eos_ids: set[int], weights: dict | None = None):
+                 source: str, eos_ids: set[int], weights: dict | None = None, parallel: int = 4):
         self.spec = spec
         self.weights = weights or {}  # tensor name -> WeightSummary, as stored in the file
         self.tokenizer = tokenizer
         self.source = source
         self.eos_ids = eos_ids
         self._core = core
-        self._seq = _core.CoreSequence(core, n_ctx)
-        self._cached: list[int] = []  # the ids whose keys/values are in the cache
-        # Generations interleave (two streams, or threads sharing the model): each step runs under
-        # the lock, and a generation whose cache another one replaced runs its context again.
+        self._n_ctx = n_ctx
+        # Generations that interleave (streams, threads sharing the model) each hold a cache of
+        # their own, up to `parallel` caches made as they are needed; past that the stalest is
+        # taken, and the generation that held it runs its context again at its next step. Each
+        # step runs under the lock.
+        self._parallel = parallel
+        self._caches: list[_Cache] = [_Cache(_core.CoreSequence(core, n_ctx))]
+        self._clock = 0
         self._lock = threading.RLock()
-        self._owner: object | None = None  # the generation whose context the cache holds
         # Quantized weights multiply 8-bit activations when decoding one token but float32 ones in
         # a prefill batch, so a token's keys/values depend on how it was run. For such models the
         # cache keeps only what a fresh prefill would have computed the same way.
@@ -61,7 +76,7 @@ class Model:
 
     @property
     def n_ctx(self) -> int:
-        return self._seq.n_ctx
+        return self._n_ctx
 
     @property
     def vocab_size(self) -> int:
@@ -74,7 +89,7 @@ class Model:
     @property
     def tokens_processed(self) -> int:
         """Every token run through the network so far (prompt reuse shows here)."""
-        return self._seq.tokens_processed
+        return sum(c.seq.tokens_processed for c in self._caches)
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of text, with BOS/EOS as the model's tokenizer config says when add_special.
@@ -89,11 +104,12 @@ class Model:
         return self.tokenizer.decode(self._token_ids(ids, "ids"))
 
     def reset(self) -> None:
-        """Empties the cache."""
+        """Empties every cache (a generation under way runs its context again at its next step)."""
         with self._lock:
-            self._seq.truncate(0)
-            self._cached = []
-            self._owner = None
+            for cache in self._caches:
+                cache.seq.truncate(0)
+                cache.ids = []
+                cache.owner = None
 
     def _token_ids(self, ids, name: str) -> list[int]:
         """ids as Python ints, or a ValueError naming the argument: int() would take 1.5, "1" and True."""
@@ -124,37 +140,74 @@ class Model:
         """
         ids = self._check_ids(ids)
         with self._lock:
-            self.reset()
-            out = self._seq.forward(ids, all_logits=True)
-            self._cached = ids if self._paths_agree or len(ids) >= _core.BLAS_MIN_TOKENS else []
+            cache = self._acquire(ids, None)
+            cache.seq.truncate(0)
+            cache.ids = []
+            out = cache.seq.forward(ids, all_logits=True)
+            cache.ids = ids if self._paths_agree or len(ids) >= _core.BLAS_MIN_TOKENS else []
             return out
 
-    def _prefill(self, ids: list[int]) -> np.ndarray:
-        """Logits after ids, reusing the cached prefix they share with the last call."""
+    @staticmethod
+    def _shared(a: list[int], b: list[int]) -> int:
+        n = 0
+        for x, y in zip(a, b):
+            if x != y:
+                break
+            n += 1
+        return n
+
+    def _acquire(self, ids: list[int], owner: object | None) -> _Cache:
+        """A cache for a generation (owner) about to run ids: the free one holding the longest
+        prefix of them; when none is free, a new one while the pool has room (so one generation
+        at a time uses one cache's memory), else the stalest."""
+        free = [c for c in self._caches if c.owner is None]
+        if free:
+            cache = max(free, key=lambda c: (self._shared(c.ids, ids), -c.used))
+        elif len(self._caches) < self._parallel:
+            cache = _Cache(_core.CoreSequence(self._core, self._n_ctx))
+            self._caches.append(cache)
+        else:
+            cache = min(self._caches, key=lambda c: c.used)
+        cache.owner = owner
+        self._clock += 1
+        cache.used = self._clock
+        return cache
+
+    def _release(self, cache: _Cache, owner: object) -> None:
         with self._lock:
-            common = 0
-            for a, b in zip(self._cached, ids):
-                if a != b:
-                    break
-                common += 1
-            common = min(common, len(ids) - 1)  # the last prompt token must run to give logits
+            if cache.owner is owner:
+                cache.owner = None
+
+    def _prefill(self, ids: list[int], owner: object | None = None) -> np.ndarray:
+        """Logits after ids, reusing the longest prefix of them a free cache holds."""
+        return self._prefill_into(ids, owner)[1]
+
+    def _prefill_into(self, ids: list[int], owner: object | None) -> tuple[_Cache, np.ndarray]:
+        with self._lock:
+            cache = self._acquire(ids, owner)
+            common = min(self._shared(cache.ids, ids), len(ids) - 1)  # the last token must run
             batched = len(ids) >= _core.BLAS_MIN_TOKENS
             if not self._paths_agree:
-                # A fresh run of ids computes every position on the batch path (or none, if short):
-                # rerun at least a batch's worth of the tail, and keep only batch-path positions.
+                # Quantized weights multiply 8-bit activations when decoding one token but float32
+                # ones in a prefill batch, so a token's keys/values depend on how it was run: keep
+                # only what a fresh prefill of ids computes the same way (a batch's worth of the
+                # tail runs again; a short prompt, which a fresh run decodes, runs whole).
                 common = min(common, len(ids) - _core.BLAS_MIN_TOKENS) if batched else 0
-            self._seq.truncate(common)
-            self._cached = ids[:common]
-            logits = self._seq.forward(ids[common:])
-            self._cached = list(ids) if self._paths_agree or batched else []
-            return logits
+            cache.seq.truncate(common)
+            cache.ids = ids[:common]
+            logits = cache.seq.forward(ids[common:])
+            cache.ids = list(ids) if self._paths_agree or batched else []
+            return cache, logits
 
-    def _step(self, token: int) -> np.ndarray:
-        with self._lock:
-            logits = self._seq.forward([token])
-            if self._paths_agree:  # else decoded keys/values are not reusable (see __init__)
-                self._cached.append(token)
-            return logits
+    def _step(self, token: int, cache: _Cache | None = None) -> np.ndarray:
+        """Decodes one token in cache (default the pool's first, which the tests step by hand)."""
+        cache = cache or self._caches[0]
+        logits = cache.seq.forward([token])
+        self._clock += 1
+        cache.used = self._clock
+        if self._paths_agree:  # else decoded keys/values are not reusable (see _prefill_into)
+            cache.ids.append(token)
+        return logits
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -173,25 +226,25 @@ class Model:
         if max_tokens == 0:
             return
         owner = object()
-        with self._lock:
-            logits = self._prefill(ids)
-            self._owner = owner
+        cache, logits = self._prefill_into(ids, owner)
         generated: list[int] = []
-        while True:
-            token = sampler.sample(logits, ids, generated)
-            if token in self.eos_ids:
-                state["finish_reason"] = "stop"
-                return
-            generated.append(token)
-            yield token, (self._logprob_entry(logits, token, logprobs) if logprobs is not None else None)
-            if len(generated) == max_tokens or len(ids) + len(generated) > self.n_ctx:  # no room to run it
-                return
-            with self._lock:
-                if self._owner is owner:
-                    logits = self._step(token)
-                else:  # another generation used the cache since our last step
-                    logits = self._prefill(ids + generated)
-                    self._owner = owner
+        try:
+            while True:
+                token = sampler.sample(logits, ids, generated)
+                if token in self.eos_ids:
+                    state["finish_reason"] = "stop"
+                    return
+                generated.append(token)
+                yield token, (self._logprob_entry(logits, token, logprobs) if logprobs is not None else None)
+                if len(generated) == max_tokens or len(ids) + len(generated) > self.n_ctx:  # no room to run it
+                    return
+                with self._lock:
+                    if cache.owner is owner:
+                        logits = self._step(token, cache)
+                    else:  # the pool was full and another generation took this cache
+                        cache, logits = self._prefill_into(ids + generated, owner)
+        finally:
+            self._release(cache, owner)
 
     def _logprob_entry(self, logits: np.ndarray, token: int, top: int) -> dict:
         """The token's log-probability under the model's own distribution (before any sampling
@@ -478,7 +531,7 @@ def _load_gguf(path: str, threads: int, dtype):
 
 def load(source, *, threads: int | None = None, n_ctx: int | None = None,
          dtype: str | None = None, file: str | None = None, revision: str | None = None,
-         token: str | bool | None = None) -> Model:
+         token: str | bool | None = None, parallel: int = 4) -> Model:
     """Loads a model: a Hugging Face folder (config.json, *.safetensors, tokenizer.json), a .gguf
     file, an alias such as "smollm2" (fetched into the cache on first use), or a Hugging Face id
     such as "HuggingFaceTB/SmolLM2-135M-Instruct" (needs pyllm[hub]; taken from the HF cache when it
@@ -489,7 +542,8 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
     token for a private or gated repository (default: HF_TOKEN, else the one `hf auth login` saved).
 
     threads is an int in [1, 1024], or None for the physical cores available (OMP_NUM_THREADS is
-    honoured). n_ctx defaults to the model's context, at most 4096; one beyond the model's context
+    honoured). parallel is how many generations (streams, threads) may hold a KV cache of their
+    own at once; caches are made as generations overlap, n_ctx each, their memory used as filled. n_ctx defaults to the model's context, at most 4096; one beyond the model's context
     is refused with a ValueError (positions past it were never trained). dtype re-encodes every
     weight matrix at load, in C on all threads: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0",
     "q5_1", "q4_k", "q5_k", "q6_k" (k-quants fall back to q5_0/q5_1/q8_0 for rows that are not whole
@@ -502,6 +556,7 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
         _check_int("threads", threads, 1, MAX_THREADS)
     if n_ctx is not None:
         _check_int("n_ctx", n_ctx, 1)
+    _check_int("parallel", parallel, 1, MAX_PARALLEL)
     wtype = parse_dtype(dtype)
     path = hub.resolve(source, file=file, revision=revision, token=token)
     threads = int(threads) if threads is not None else default_threads()
@@ -520,4 +575,4 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
         raise ValueError(f"n_ctx {n_ctx} is more than the {spec.n_positions} positions the model has learned")
     if n_ctx > spec.max_seq_len:
         raise ValueError(f"n_ctx {n_ctx} is more than the model's context of {spec.max_seq_len} tokens")
-    return Model(core, spec, tokenizer, int(n_ctx), path, eos, weights)
+    return Model(core, spec, tokenizer, int(n_ctx), path, eos, weights, parallel=int(parallel))

@@ -68,3 +68,48 @@ def test_threads_sharing_a_model_get_what_each_would_alone(llm):
         t.join(timeout=120)
     assert not errors and not any(t.is_alive() for t in threads)
     assert all(results[i] == [expected[i]] * 3 for i in range(len(PROMPTS)))
+
+
+def _interleave(streams) -> None:
+    live = list(streams)
+    while live:  # one token of each in turn
+        for s in list(live):
+            try:
+                next(s)
+            except StopIteration:
+                live.remove(s)
+
+
+def test_interleaved_streams_hold_caches_of_their_own(llm):
+    """Nothing is run twice: each stream steps its own cache."""
+    expected = [alone(llm, p) for p in PROMPTS]
+    llm.reset()
+    before = llm.tokens_processed
+    streams = [llm.stream(p, max_tokens=12) for p in PROMPTS]
+    _interleave(streams)
+    assert [s.completion.token_ids for s in streams] == expected
+    ran = sum(len(p) + len(s.completion.token_ids) - 1 for p, s in zip(PROMPTS, streams))
+    assert llm.tokens_processed - before == ran
+
+
+def test_more_streams_than_caches_take_turns_and_still_get_their_own_tokens(tmp_path):
+    small = pyllm.load(make_tiny_checkpoint(str(tmp_path)), threads=2, parallel=2)
+    expected = [alone(small, p) for p in PROMPTS]
+    streams = [small.stream(p, max_tokens=12) for p in PROMPTS]
+    _interleave(streams)
+    assert [s.completion.token_ids for s in streams] == expected
+    assert len(small._caches) == 2
+    with pytest.raises(ValueError, match="parallel"):
+        pyllm.load(make_tiny_checkpoint(str(tmp_path)), parallel=0)
+
+
+@pytest.mark.slow
+def test_interleaved_streams_on_the_real_quantized_model(smollm2_gguf):
+    """Quantized weights decode with 8-bit activations: two streams stepped alternately once gave
+    stream 2 other tokens than alone; with a cache each they are each exactly their solo run."""
+    model = pyllm.load(smollm2_gguf, threads=2)
+    prompts = ["The capital of France is", "Water boils at"]
+    expected = [model.generate(p, max_tokens=24).token_ids for p in prompts]
+    streams = [model.stream(p, max_tokens=24) for p in prompts]
+    _interleave(streams)
+    assert [s.completion.token_ids for s in streams] == expected
