@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from scipy.linalg.cython_blas cimport sgemm as scipy_sgemm
+from cpython.pycapsule cimport PyCapsule_GetName, PyCapsule_GetPointer
 
 cdef extern from "pyllm.h" nogil:
     ctypedef void (*pl_to_f32_fn)(const void *src, float *dst, int64_t n)
@@ -141,6 +141,21 @@ ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512", 3: "neon"}
 _ISA_IDS = {v: k for k, v in ISA_NAMES.items()}
 
 pl_set_isa(pl_cpu_best_isa())
+
+
+cdef pl_sgemm_fn _sgemm = NULL
+
+
+cdef pl_sgemm_fn scipy_sgemm() except NULL:
+    """SciPy's sgemm, looked up the first time a model or op needs it: importing scipy.linalg
+    is most of what `import pyllm` would otherwise cost."""
+    global _sgemm
+    if _sgemm == NULL:
+        from scipy.linalg import cython_blas
+
+        capsule = cython_blas.__pyx_capi__["sgemm"]
+        _sgemm = <pl_sgemm_fn>PyCapsule_GetPointer(capsule, PyCapsule_GetName(capsule))
+    return _sgemm
 
 
 def best_isa() -> str:
@@ -297,7 +312,7 @@ def matmul(int wtype, const unsigned char[::1] w, int64_t rows, int64_t cols, co
     tile = np.empty(sc.tile_floats * threads, dtype=np.float32)
     cdef float[::1] tv = tile
     sc.wtile = &tv[0]
-    sc.sgemm = <pl_sgemm_fn>scipy_sgemm if blas else NULL
+    sc.sgemm = scipy_sgemm() if blas else NULL
     cdef pl_blas_threads bt = _blas_controls(blas_controls)
     sc.per_thread_blas = bt.set_threads != NULL
     cdef _matmul_job job
@@ -476,7 +491,7 @@ cdef class CoreModel:
                 if name in slots:
                     _fill_slot(<char *>L, slot, slots[name], held)
         self._check_vector_lengths(slots)
-        m.sgemm = <pl_sgemm_fn>scipy_sgemm if use_blas else NULL
+        m.sgemm = scipy_sgemm() if use_blas else NULL
         m.blas = _blas_controls(blas_controls)
         cdef const char *err = pl_model_check(m)
         if err != NULL:
@@ -787,6 +802,7 @@ cdef struct _attention_job:
     float *scores
     int64_t scores_per_thread
     bint blas
+    pl_sgemm_fn sgemm
     const pl_probs_out *probs
 
 
@@ -794,7 +810,7 @@ cdef void _attention_task(void *arg, int ith, int nth) noexcept nogil:
     cdef _attention_job *j = <_attention_job *>arg
     if j.blas:
         pl_attention_blas(j.m, j.q, j.k, j.v, j.pos0, j.n, j.window, j.out,
-                          j.scores + ith * j.scores_per_thread, <pl_sgemm_fn>scipy_sgemm, j.probs, ith, nth)
+                          j.scores + ith * j.scores_per_thread, j.sgemm, j.probs, ith, nth)
     else:
         pl_attention(j.m, j.q, j.k, j.v, j.pos0, j.n, j.window, j.out,
                      j.scores + ith * j.scores_per_thread, j.probs, ith, nth)
@@ -826,6 +842,7 @@ def attention(const float[:, ::1] q, const float[:, ::1] k, const float[:, ::1] 
     job.m, job.q, job.k, job.v = &m, &q[0, 0], &k[0, 0], &v[0, 0]
     job.pos0, job.n, job.window, job.out = pos0, n, window, &o[0, 0]
     job.scores, job.scores_per_thread, job.blas = &sv[0], per, blas
+    job.sgemm = scipy_sgemm() if blas else NULL
     probs = np.zeros((n_heads, n, pos0 + n), dtype=np.float32)
     cdef pl_probs_out po
     po.data, po.row0, po.n_rows, po.n_keys = <float *><uintptr_t>probs.ctypes.data, 0, n, pos0 + n
