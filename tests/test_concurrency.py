@@ -24,9 +24,7 @@ def alone(llm, prompt, **params):
     return llm.generate(prompt, max_tokens=12, **params).token_ids
 
 
-def test_interleaved_streams_each_continue_their_own_prompt(llm):
-    expected = [alone(llm, p) for p in PROMPTS[:2]]
-    streams = [llm.stream(p, max_tokens=12) for p in PROMPTS[:2]]
+def _interleave(streams) -> None:
     live = list(streams)
     while live:  # one token of each in turn
         for s in list(live):
@@ -34,6 +32,12 @@ def test_interleaved_streams_each_continue_their_own_prompt(llm):
                 next(s)
             except StopIteration:
                 live.remove(s)
+
+
+def test_interleaved_streams_each_continue_their_own_prompt(llm):
+    expected = [alone(llm, p) for p in PROMPTS[:2]]
+    streams = [llm.stream(p, max_tokens=12) for p in PROMPTS[:2]]
+    _interleave(streams)
     assert [s.completion.token_ids for s in streams] == expected
 
 
@@ -70,16 +74,6 @@ def test_threads_sharing_a_model_get_what_each_would_alone(llm):
     assert all(results[i] == [expected[i]] * 3 for i in range(len(PROMPTS)))
 
 
-def _interleave(streams) -> None:
-    live = list(streams)
-    while live:  # one token of each in turn
-        for s in list(live):
-            try:
-                next(s)
-            except StopIteration:
-                live.remove(s)
-
-
 def test_interleaved_streams_hold_caches_of_their_own(llm):
     """Nothing is run twice: each stream steps its own cache."""
     expected = [alone(llm, p) for p in PROMPTS]
@@ -113,3 +107,22 @@ def test_interleaved_streams_on_the_real_quantized_model(smollm2_gguf):
     streams = [model.stream(p, max_tokens=24) for p in prompts]
     _interleave(streams)
     assert [s.completion.token_ids for s in streams] == expected
+
+
+@pytest.mark.slow
+def test_threads_sharing_the_real_quantized_model_get_what_each_would_alone(smollm2_gguf):
+    model = pyllm.load(smollm2_gguf, threads=2)
+    prompts = ["The capital of France is", "Water boils at", "Once upon a time", "1, 2, 3,"]
+    expected = [model.generate(p, max_tokens=16, temperature=0.8, seed=i).token_ids
+                for i, p in enumerate(prompts)]
+    results: dict[int, list[int]] = {}
+
+    def work(i):
+        results[i] = model.generate(prompts[i], max_tokens=16, temperature=0.8, seed=i).token_ids
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert [results.get(i) for i in range(len(prompts))] == expected

@@ -47,3 +47,14 @@ def test_bad_arguments(family_checkpoint):
         llm.embed(42)
     with pytest.raises(ValueError):
         llm.embed(["fine", 7])
+
+
+def test_embeddings_of_the_real_quantized_model_pool_its_own_final_hidden_states(smollm2_gguf):
+    """On the default Q4_1 model the vector is the mean of the final norm's rows the model itself
+    computes for the text (the same forward as a trace), unit length."""
+    llm = pyllm.load(smollm2_gguf, threads=2)
+    for text in ("Paris is the capital of France.", "A much longer sentence about the weather " * 4):
+        rows = llm.trace(text, capture="final_norm")["final_norm"].astype(np.float64)
+        want = rows.mean(axis=0)
+        np.testing.assert_allclose(llm.embed(text), want / np.linalg.norm(want), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(llm.embed(text, pooling="last", normalize=False), rows[-1], atol=1e-6)
