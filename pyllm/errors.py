@@ -20,3 +20,7 @@ class UnsupportedModelError(PyllmError):
 
 class ContextLengthError(PyllmError, ValueError):
     """A prompt (or prompt plus cache) does not fit in the model's context."""
+
+
+class QueueFullError(PyllmError):
+    """A scheduler already holds as many waiting requests as it was told to queue."""

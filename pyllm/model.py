@@ -15,7 +15,6 @@ from . import _core, arch, hub
 from .arch.common import eos_ids
 from .arch.spec import ModelSpec
 from .binding import build_core, parse_dtype
-from .dtypes import WeightType
 from .errors import ContextLengthError, FormatError
 from .formats.gguf import GGUFFile
 from .formats.json_files import read_json_object
@@ -24,8 +23,8 @@ from .formats.safetensors import open_checkpoint
 from .chat import ChatTemplateError, render_chat
 from .generation import Completion, StopMatcher, Stream, TextAssembler
 from .sampling import Sampler, SamplingParams, top_logprobs
-from .batch import generate_batch
 from .embedding import POOLINGS, embed_ids
+from .scheduler import PREFILL_CHUNK, prefill_chunks, run_to_completion, whole_chunks
 from .scoring import Score, check_window, token_logprobs
 from .threads import default_threads
 from .tokenizer import Tokenizer
@@ -38,8 +37,9 @@ MAX_PARALLEL = 1024  # KV caches one model may hold
 
 
 class _Cache:
-    """One KV cache of a model's pool: the ids whose keys/values it holds, and the generation
-    using it (None: free, kept for a later prompt that shares its prefix)."""
+    """One KV cache of a model's pool: the ids of the whole prefill chunks it holds (what another
+    prompt may reuse), and the generation using it (None: free, kept for a later prompt that
+    shares its prefix)."""
 
     def __init__(self, seq: _core.CoreSequence):
         self.seq = seq
@@ -68,11 +68,6 @@ class Model:
         self._caches: list[_Cache] = [_Cache(_core.CoreSequence(core, n_ctx))]
         self._clock = 0
         self._lock = threading.RLock()
-        # Quantized weights multiply 8-bit activations when decoding one token but float32 ones in
-        # a prefill batch, so a token's keys/values depend on how it was run. For such models the
-        # cache keeps only what a fresh prefill would have computed the same way.
-        self._paths_agree = all(
-            _core.vec_dot_type(int(t)) == int(WeightType.F32) for t in core.weight_types)
 
     @property
     def n_ctx(self) -> int:
@@ -143,8 +138,9 @@ class Model:
             cache = self._acquire(ids, None)
             cache.seq.truncate(0)
             cache.ids = []
-            out = cache.seq.forward(ids, all_logits=True)
-            cache.ids = ids if self._paths_agree or len(ids) >= _core.BLAS_MIN_TOKENS else []
+            out = np.concatenate([cache.seq.forward(ids[a:b], all_logits=True)
+                                  for a, b in prefill_chunks(0, len(ids))])
+            cache.ids = whole_chunks(ids)
             return out
 
     @staticmethod
@@ -173,6 +169,10 @@ class Model:
         cache.used = self._clock
         return cache
 
+    def _has_free_cache(self) -> bool:
+        """Whether _acquire can give a cache without taking one a generation holds."""
+        return len(self._caches) < self._parallel or any(c.owner is None for c in self._caches)
+
     def _release(self, cache: _Cache, owner: object) -> None:
         with self._lock:
             if cache.owner is owner:
@@ -184,29 +184,29 @@ class Model:
 
     def _prefill_into(self, ids: list[int], owner: object | None) -> tuple[_Cache, np.ndarray]:
         with self._lock:
-            cache = self._acquire(ids, owner)
-            common = min(self._shared(cache.ids, ids), len(ids) - 1)  # the last token must run
-            batched = len(ids) >= _core.BLAS_MIN_TOKENS
-            if not self._paths_agree:
-                # Quantized weights multiply 8-bit activations when decoding one token but float32
-                # ones in a prefill batch, so a token's keys/values depend on how it was run: keep
-                # only what a fresh prefill of ids computes the same way (a batch's worth of the
-                # tail runs again; a short prompt, which a fresh run decodes, runs whole).
-                common = min(common, len(ids) - _core.BLAS_MIN_TOKENS) if batched else 0
-            cache.seq.truncate(common)
-            cache.ids = ids[:common]
-            logits = cache.seq.forward(ids[common:])
-            cache.ids = list(ids) if self._paths_agree or batched else []
+            cache = self._take_prefix(ids, owner)
+            for a, b in prefill_chunks(cache.seq.pos, len(ids)):
+                logits = cache.seq.forward(ids[a:b])
+            cache.ids = whole_chunks(ids)
             return cache, logits
 
+    def _take_prefix(self, ids: list[int], owner: object | None) -> _Cache:
+        """A cache for owner, truncated to the whole chunks it holds of ids (never all of ids: the
+        last token must run to give logits)."""
+        cache = self._acquire(ids, owner)
+        common = min(self._shared(cache.ids, ids), len(ids) - 1)
+        common -= common % PREFILL_CHUNK
+        cache.seq.truncate(common)
+        cache.ids = ids[:common]
+        return cache
+
     def _step(self, token: int, cache: _Cache | None = None) -> np.ndarray:
-        """Decodes one token in cache (default the pool's first, which the tests step by hand)."""
+        """Decodes one token in cache (default the pool's first, which the tests step by hand).
+        Decoded keys/values are not reusable: a prefill computes those positions differently."""
         cache = cache or self._caches[0]
         logits = cache.seq.forward([token])
         self._clock += 1
         cache.used = self._clock
-        if self._paths_agree:  # else decoded keys/values are not reusable (see _prefill_into)
-            cache.ids.append(token)
         return logits
 
     def _prompt_ids(self, prompt) -> list[int]:
@@ -303,9 +303,10 @@ class Model:
         """Continues prompt (text or token ids); greedy unless a temperature is given.
 
         A list of prompts (texts, or lists of ids) is generated together and gives a list of
-        Completions, each the one that prompt gets alone (the same seed, the same tokens): every
-        prompt has a cache of its own, and each decode step advances them all at once, reading
-        the weights once per step instead of once per prompt.
+        Completions, each the one that prompt gets alone (the same seed, the same tokens): up to
+        `parallel` (see load) prompts at a time hold a cache each, and each decode step advances
+        them all at once, reading the weights once per step instead of once per prompt; a prompt
+        takes the place of one that finishes (pyllm.scheduler).
 
         >>> llm.generate("The capital of France is", max_tokens=8).text  # doctest: +SKIP
         ' Paris. It is the largest city in'
@@ -317,7 +318,7 @@ class Model:
             StopMatcher(stop)
             settings.validate(self.vocab_size)
             prompts = [self._check_ids(self._prompt_ids(p), "prompt") for p in prompt]
-            return generate_batch(self, prompts, settings, max_tokens, stop, logprobs)
+            return run_to_completion(self, prompts, settings, max_tokens, stop, logprobs)
         s = self.stream(prompt, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
                         sampling=sampling, **params)
         for _ in s:

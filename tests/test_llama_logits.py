@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import pyllm
+import pyllm.scheduler
 from pyllm import _core
 
 from conftest import hf_float32, make_tiny_checkpoint
@@ -128,15 +129,17 @@ def test_generation_that_fills_the_context_ends_with_length(tmp_path):
     assert len(out.token_ids) == 12 - 8 + 1 and out.finish_reason == "length"
 
 
-def test_reusing_a_prompt_prefix_processes_only_new_tokens(tmp_path):
+def test_reusing_a_prompt_prefix_runs_only_what_follows_its_whole_chunks(tmp_path):
+    """A cache's whole prefill chunks are reused, and give the bits a fresh run computes."""
     llm = pyllm.load(make_tiny_checkpoint(str(tmp_path)))
-    ids = list(range(2, 30))
-    llm._prefill(ids[:20])
+    chunk = pyllm.scheduler.PREFILL_CHUNK
+    ids = [int(i) for i in np.random.default_rng(5).integers(2, llm.vocab_size, chunk + 100)]
+    llm._prefill(ids[:chunk + 30])
     before = llm.tokens_processed
     reused = llm._prefill(ids)
-    assert llm.tokens_processed - before == 8
-    fresh = llm.logits(ids)[-1]
-    assert np.abs(reused - fresh).max() <= 1e-4
+    assert llm.tokens_processed - before == len(ids) - chunk
+    llm.reset()
+    assert np.array_equal(reused, llm._prefill(ids))
 
 
 def test_token_ids_outside_the_vocabulary_raise(tmp_path):

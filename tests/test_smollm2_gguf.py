@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import pyllm
+from pyllm.scheduler import PREFILL_CHUNK
 
 from conftest import english_text, perplexity
 
@@ -81,20 +82,35 @@ def test_chat_answers_paris_and_stops_on_its_end_of_turn_token(gguf_model):
     assert out.finish_reason == "stop"
 
 
-def test_chat_keeps_the_context_of_earlier_turns(gguf_model):
-    """ "And of Germany?" only means "the capital of Germany" after the first turn. (Asked a name
-    and then to say it back, this 135M model invents another name whatever the engine.)"""
-    history = [{"role": "user", "content": "What is the capital of France?"}]
+TUTOR = ("You are a friendly geography tutor. You answer questions about countries, their capitals, "
+         "rivers and mountains in one short sentence. You never make up facts; when you do not know "
+         "something, you say so. You write in plain English, without lists or headings, and you keep "
+         "every answer brief, because your students read your answers on small phone screens while "
+         "travelling between classes. Your students are preparing for an examination in which they "
+         "must name the capital city of every country in Europe, so precision matters more than "
+         "style. Always name the city in your answer.")
+
+
+def test_chat_keeps_the_context_of_earlier_turns_and_reuses_its_cache(gguf_model):
+    """ "And of Germany?" only means "the capital of Germany" after the first turn. The second turn
+    runs only what follows the cache's whole prefill chunks, and gets the tokens of a fresh run.
+    (Asked a name and then to say it back, this 135M model invents another name whatever the
+    engine.)"""
+    history = [{"role": "system", "content": TUTOR},
+               {"role": "user", "content": "What is the capital of France?"}]
     first = gguf_model.chat(history, max_tokens=48)
     assert "Paris" in first.text
+    assert first.usage["prompt_tokens"] > PREFILL_CHUNK  # a whole chunk to reuse
     history += [{"role": "assistant", "content": first.text},
                 {"role": "user", "content": "And of Germany?"}]
     before = gguf_model.tokens_processed
     second = gguf_model.chat(history, max_tokens=32)
     assert "Berlin" in second.text
-    # the second turn extends the cached conversation: the prefix was not run again
-    rendered = gguf_model.tokenize(gguf_model.render_chat(history), add_special=False)
-    assert gguf_model.tokens_processed - before < len(rendered)
+    assert second.finish_reason == "stop"  # so every generated token ran, to give the end's logits
+    ran = gguf_model.tokens_processed - before
+    assert ran == second.usage["prompt_tokens"] - PREFILL_CHUNK + len(second.token_ids)
+    gguf_model.reset()
+    assert gguf_model.chat(history, max_tokens=32).token_ids == second.token_ids
 
 
 def test_streamed_chat_equals_the_completion(gguf_model):
@@ -118,12 +134,14 @@ def test_chat_without_a_template_needs_one_passed(gguf_model):
         gguf_model.tokenizer.chat_template = saved
 
 
-def test_reused_prefix_gives_the_logits_of_a_fresh_run_on_quantized_weights(gguf_model, text_ids):
-    ids = text_ids[:60]
-    fresh = gguf_model.logits(ids)[-1]
+def test_reused_prefix_gives_the_bits_of_a_fresh_run_on_quantized_weights(gguf_model, text_ids):
+    ids = text_ids[:PREFILL_CHUNK + 70]
+    assert len(ids) == PREFILL_CHUNK + 70
+    fresh = gguf_model._prefill(ids)
     gguf_model.reset()
-    gguf_model.generate(ids[:40], max_tokens=5)  # decoded tokens land in the cache too
+    gguf_model.generate(ids[:PREFILL_CHUNK + 20], max_tokens=5)  # decoded tokens land in the cache too
     before = gguf_model.tokens_processed
     reused = gguf_model._prefill(ids)
-    assert gguf_model.tokens_processed - before < len(ids)
-    assert np.abs(reused - fresh).max() <= 1e-4
+    assert gguf_model.tokens_processed - before == len(ids) - PREFILL_CHUNK
+    assert np.array_equal(reused, fresh)
+    assert np.abs(reused - gguf_model.logits(ids)[-1]).max() <= 1e-4  # the head's batch path

@@ -1,0 +1,372 @@
+"""Continuous batching: many generations advanced together, one forward step at a time.
+
+Each step (Engine.step):
+  1. cancelled jobs leave, their caches freed;
+  2. waiting jobs take a free cache of the model's pool (`parallel` of them), reusing the whole
+     prefill chunks of the longest prefix any free cache holds (a shared system prompt);
+  3. every job whose next-token logits are ready samples its token, emits it, and either finishes
+     or joins this step's batch;
+  4. the batch runs as one forward pass (pl_forward_batch: each weight read once for all rows);
+  5. one prefill chunk (PREFILL_CHUNK positions) of the oldest job still prefilling runs, so
+     a long prompt costs the others one chunk's delay per step instead of its whole prefill.
+
+Nothing here changes a job's numbers: its prompt is prefilled in the same position-aligned chunks
+every prefill uses (PREFILL_CHUNK), and a batch row takes the decode path of a solo step, so each job gets
+exactly the tokens Model.generate gives that prompt alone (greedy, or sampled with the same seed).
+
+Engine is the synchronous core (Model.generate over a list drives it); Scheduler runs one on a
+background thread for the server and hands events to a callback.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _core
+from .errors import QueueFullError
+from .generation import Completion, StopMatcher, TextAssembler
+from .sampling import Sampler, SamplingParams
+
+MAX_STEP_ROWS = 64  # rows of one forward_batch call; more sequences take several calls per step
+
+# Prompts are prefilled in chunks whose edges fall on multiples of this many positions. A token's
+# keys/values depend on the shape of the forward call that computed them (sgemm's blocking changes
+# with the number of tokens; short calls multiply 8-bit activations), so position-aligned chunks
+# make a prompt's cache the same bits however it is reached: alone, prefilled a chunk at a time
+# between other sequences' decode steps, or after a reused prefix — which is reused in whole
+# chunks for the same reason. 128 keeps sgemm's tiles wide (a 512-token prompt prefills at ~90% of
+# the speed of one call) while letting long prompts interleave with other streams.
+PREFILL_CHUNK = 128
+
+
+def prefill_chunks(start: int, end: int) -> list[tuple[int, int]]:
+    """The forward calls that prefill positions [start, end): cut at multiples of PREFILL_CHUNK."""
+    edges = [start] + list(range((start // PREFILL_CHUNK + 1) * PREFILL_CHUNK, end, PREFILL_CHUNK)) + [end]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def whole_chunks(ids: list[int]) -> list[int]:
+    """The ids of a prefill's whole aligned chunks: the part of its cache another prompt may reuse."""
+    return ids[:len(ids) - len(ids) % PREFILL_CHUNK]
+
+
+@dataclass
+class Piece:
+    """A generated token and the text it lets through now ("" while UTF-8 or a possible stop
+    string holds it back); logprob as Completion.logprobs lists it, when asked for."""
+    text: str
+    token_id: int
+    logprob: dict | None
+
+
+@dataclass
+class Finished:
+    """The job's last event: its Completion (the Pieces' texts join to completion.text)."""
+    completion: Completion
+
+
+@dataclass
+class Failed:
+    """The job's last event when the engine could not run it."""
+    error: BaseException
+
+
+class Job:
+    """One generation in an engine. cancel() may be called from any thread."""
+
+    def __init__(self, model, ids: list[int], params: SamplingParams, max_tokens: int, stop,
+                 logprobs: int | None, on_event: Callable):
+        self.model = model
+        self.ids = ids
+        self.sampler = Sampler(params)
+        self.max_tokens = max_tokens
+        self.logprobs = logprobs
+        self.on_event = on_event
+        self.out = TextAssembler(model.tokenizer, stop, len(ids), logprobs is not None)
+        self.generated: list[int] = []
+        self.cache = None         # the model's _Cache while the job holds a slot
+        self.logits = None        # next-token logits once the prompt is in
+        self.next_token = -1      # the token this step's batch row runs
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Ends the job at the engine's next step; no more events are sent."""
+        self.cancelled = True
+
+    @property
+    def prefilling(self) -> bool:
+        return self.cache is not None and self.logits is None
+
+    def choose(self) -> int | None:
+        """Samples, emits and records the next token; None when the job ends instead of stepping."""
+        model = self.model
+        token = self.sampler.sample(self.logits, self.ids, self.generated)
+        if token in model.eos_ids:
+            self.finish("stop")
+            return None
+        self.generated.append(token)
+        entry = model._logprob_entry(self.logits, token, self.logprobs) if self.logprobs is not None else None
+        self.on_event(Piece(self.out.feed(token, entry), token, entry))
+        if (self.out.stopped or len(self.generated) == self.max_tokens
+                or len(self.ids) + len(self.generated) > model.n_ctx):  # no room to run it
+            self.finish("length")
+            return None
+        return token
+
+    def finish(self, reason: str) -> None:
+        tail, completion = self.out.finish(reason)
+        if tail:
+            self.on_event(Piece(tail, -1, None))
+        self.on_event(Finished(completion))
+
+
+class Engine:
+    """Jobs waiting and running on one model; step() advances all of them by one token."""
+
+    def __init__(self, model, max_queue: int | None = None):
+        self.model = model
+        self.max_queue = max_queue
+        self.slots = model._parallel
+        self.waiting: deque[Job] = deque()
+        self.running: list[Job] = []  # holding a cache: prefilling, then decoding
+        self._lock = threading.Lock()  # guards waiting against submitting threads
+        self._work = _core.CoreSequence(model._core, model.n_ctx, n_batch=min(self.slots, MAX_STEP_ROWS))
+
+    def submit(self, prompt_ids, *, sampling: SamplingParams, max_tokens: int, stop=None,
+               logprobs: int | None = None, on_event: Callable) -> Job:
+        """Queues a generation of prompt_ids; on_event(event) is called from the thread running
+        step(): zero or more Pieces, then one Finished or Failed."""
+        from .model import _check_run_settings
+
+        model = self.model
+        ids = model._check_ids(prompt_ids, "prompt")  # ContextLengthError when it does not fit
+        _check_run_settings(max_tokens, logprobs)
+        sampling.validate(model.vocab_size)
+        StopMatcher(stop)
+        job = Job(model, ids, sampling, max_tokens, stop, logprobs, on_event)
+        with self._lock:
+            if self.max_queue is not None and len(self.waiting) >= self.max_queue:
+                raise QueueFullError(f"{len(self.waiting)} requests are already waiting (the queue holds "
+                                     f"{self.max_queue}); try again later")
+            self.waiting.append(job)
+        return job
+
+    @property
+    def active(self) -> int:
+        return len(self.running)
+
+    @property
+    def queued(self) -> int:
+        return len(self.waiting)
+
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def step(self) -> None:
+        with self.model._lock:
+            self._drop_cancelled()
+            self._admit()
+            batch = [j for j in list(self.running) if j.logits is not None and self._choose(j)]
+            self._decode(batch)
+            self._prefill_one_chunk()
+
+    def _drop_cancelled(self) -> None:
+        with self._lock:
+            self.waiting = deque(j for j in self.waiting if not j.cancelled)
+        for job in [j for j in self.running if j.cancelled]:
+            self._leave(job)
+
+    def _admit(self) -> None:
+        model = self.model
+        while len(self.running) < self.slots and model._has_free_cache():
+            with self._lock:
+                if not self.waiting:
+                    return
+                job = self.waiting.popleft()
+            if job.max_tokens == 0:  # as a solo generation: no prefill, nothing generated
+                try:
+                    job.finish("length")
+                except Exception as e:  # noqa: BLE001
+                    job.on_event(Failed(e))
+                continue
+            job.cache = model._take_prefix(job.ids, job)
+            self.running.append(job)
+
+    def _choose(self, job: Job) -> bool:
+        """Whether the job goes on with the token it samples (emitted by choose)."""
+        try:
+            token = job.choose()
+        except Exception as e:  # noqa: BLE001 — the job fails, the engine goes on
+            self._fail(job, e)
+            return False
+        if token is None:
+            self._leave(job)
+            return False
+        job.next_token = token
+        return True
+
+    def _decode(self, batch: list[Job]) -> None:
+        for start in range(0, len(batch), MAX_STEP_ROWS):
+            group = batch[start:start + MAX_STEP_ROWS]
+            try:
+                logits = self._work.forward_batch([j.cache.seq for j in group],
+                                                  np.asarray([j.next_token for j in group]))
+            except Exception as e:  # noqa: BLE001
+                for job in group:
+                    self._fail(job, e)
+                continue
+            for job, row in zip(group, logits):
+                job.logits = row
+                job.cache.used = self._tick()
+
+    def _prefill_one_chunk(self) -> None:
+        job = next((j for j in self.running if j.prefilling), None)
+        if job is None:
+            return
+        seq = job.cache.seq
+        a, b = prefill_chunks(seq.pos, len(job.ids))[0]
+        try:
+            logits = seq.forward(job.ids[a:b])
+        except Exception as e:  # noqa: BLE001
+            self._fail(job, e)
+            return
+        job.cache.ids = whole_chunks(job.ids[:b])
+        job.cache.used = self._tick()
+        if b == len(job.ids):
+            job.logits = logits
+
+    def _tick(self) -> int:
+        self.model._clock += 1
+        return self.model._clock
+
+    def _leave(self, job: Job) -> None:
+        self.running.remove(job)
+        if job.cache is not None and job.cache.owner is job:
+            job.cache.owner = None
+        job.cache = job.logits = None
+
+    def _fail(self, job: Job, error: BaseException) -> None:
+        if job in self.running:
+            self._leave(job)
+        job.on_event(Failed(error))
+
+    def fail_all(self, error: BaseException) -> None:
+        """Ends every job with error: what a step that went wrong leaves behind cannot be trusted."""
+        with self._lock:
+            jobs, self.waiting = list(self.waiting), deque()
+        for job in list(self.running) + jobs:
+            try:
+                self._fail(job, error)
+            except Exception:  # noqa: BLE001 — a failing callback must not stop the others' ends
+                pass
+
+
+class Scheduler:
+    """An Engine stepped by a thread of its own: the server's view of a model.
+
+    >>> sched = Scheduler(llm); sched.start()  # doctest: +SKIP
+    >>> job = sched.submit(llm.tokenize("Hi"), sampling=SamplingParams(), max_tokens=8,
+    ...                    on_event=print)  # doctest: +SKIP
+    """
+
+    def __init__(self, model, max_queue: int = 64):
+        self.engine = Engine(model, max_queue=max_queue)
+        self._wake = threading.Condition()
+        self._calls: deque = deque()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def active(self) -> int:
+        return self.engine.active
+
+    @property
+    def queued(self) -> int:
+        return self.engine.queued
+
+    @property
+    def slots(self) -> int:
+        return self.engine.slots
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="pyllm-scheduler", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def submit(self, prompt_ids, *, sampling: SamplingParams, max_tokens: int, stop=None,
+               logprobs: int | None = None, on_event: Callable) -> Job:
+        """As Engine.submit; events arrive on the scheduler's thread."""
+        job = self.engine.submit(prompt_ids, sampling=sampling, max_tokens=max_tokens, stop=stop,
+                                 logprobs=logprobs, on_event=on_event)
+        self._notify()
+        return job
+
+    def call(self, fn: Callable) -> concurrent.futures.Future:
+        """Runs fn() on the scheduler's thread between two steps (work that needs the model to
+        itself, such as embeddings); its result or exception comes back through the Future."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._wake:
+            self._calls.append((fn, future))
+            self._wake.notify()
+        return future
+
+    def cancel(self, job: Job) -> None:
+        job.cancel()
+        self._notify()
+
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._stopping or self._calls or self.engine.busy()):
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                calls, self._calls = list(self._calls), deque()
+            for fn, future in calls:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except BaseException as e:  # noqa: BLE001 — handed to the caller
+                        future.set_exception(e)
+            if self.engine.busy():
+                try:
+                    self.engine.step()
+                except Exception as e:  # noqa: BLE001 — the thread must outlive a bad step
+                    self.engine.fail_all(e)
+
+
+def run_to_completion(model, prompts: list[list[int]], params: SamplingParams, max_tokens: int, stop,
+                      logprobs) -> list[Completion]:
+    """Model.generate over a list: every prompt a job of one engine, stepped until all finish."""
+    results: list[Completion | None] = [None] * len(prompts)
+
+    def collect(i: int) -> Callable:
+        def on_event(event) -> None:
+            if isinstance(event, Finished):
+                results[i] = event.completion
+            elif isinstance(event, Failed):
+                raise event.error
+        return on_event
+
+    engine = Engine(model)
+    for i, ids in enumerate(prompts):
+        engine.submit(ids, sampling=params, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
+                      on_event=collect(i))
+    while engine.busy():
+        engine.step()
+    return results
