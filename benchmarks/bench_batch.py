@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    llm = pyllm.load(args.model, threads=args.threads)
+    llm = pyllm.load(args.model, threads=args.threads, parallel=args.prompts)  # every prompt a cache at once
     llm.eos_ids = set()  # every generation runs its max_tokens
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.prompts)]
     llm.generate(prompts[0], max_tokens=4)  # warm-up
