@@ -7,6 +7,8 @@
     pyllm info [MODEL]       architecture, parameters, dtypes, context, vocabulary, chat template
     pyllm info --system      this machine: CPU features, kernels (ISA) in use, BLAS, threads, versions
     pyllm verify / inspect / perplexity   look inside a model (cli_inspect.py)
+    pyllm serve [MODEL]      an OpenAI-compatible HTTP server (--host, --port, --parallel, --api-key;
+                             needs pyllm[server])
     pyllm list               the aliases, and the Hugging Face models in the HF cache pyllm can load
     pyllm rm MODEL [--yes]   removes an alias's cached file, or a repository from the HF cache
     pyllm --version
@@ -159,6 +161,24 @@ def _chat(args: argparse.Namespace) -> int:
         history.append({"role": "assistant", "content": "".join(answer)})
 
 
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from . import server
+    except ImportError as e:
+        if e.name not in ("fastapi", "uvicorn", "sse_starlette", "starlette", "pydantic", "pydantic_core"):
+            raise
+        raise PyllmError(f'pyllm serve needs FastAPI, uvicorn and sse-starlette ({e.name} is not installed): '
+                         f'pip install "pyllm[server]"') from None
+    llm = load_model(args, parallel=args.parallel)
+    api_key = args.api_key if args.api_key is not None else os.environ.get("PYLLM_API_KEY") or None
+    print(f"pyllm serve: {llm.source} on http://{args.host}:{args.port}/v1 ({args.parallel} slots, "
+          f"n_ctx {llm.n_ctx}, {llm.threads} threads{', API key required' if api_key else ''})",
+          file=sys.stderr, flush=True)
+    server.serve(llm, args.model, host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
+                 log_level=args.log_level)
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
     if args.system:
         from .system import system_lines
@@ -266,6 +286,20 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--chat-template", metavar="FILE", default=None,
                       help="a Jinja chat template, for a model without one (or to replace its own)")
     chat.set_defaults(func=_chat)
+
+    serve = sub.add_parser("serve", help="serve a model over OpenAI's HTTP API (needs pyllm[server])")
+    model_arg(serve)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for all)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--parallel", type=_count, default=4,
+                       help="sequences generated at once, each with a KV cache of n_ctx (default 4)")
+    serve.add_argument("--max-queue", type=_count, default=64,
+                       help="requests waiting for a slot before more are refused with 429 (default 64)")
+    serve.add_argument("--api-key", default=None,
+                       help="require Authorization: Bearer KEY (default: $PYLLM_API_KEY, else none)")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(func=_serve)
 
     info = sub.add_parser("info", help="describe a model")
     model_arg(info)
