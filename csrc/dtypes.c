@@ -30,6 +30,15 @@ int64_t pl_row_size(int type, int64_t n) {
     return n / t->block_size * t->type_size;
 }
 
+void pl_vec_dot_rows(const pl_type_traits *t, const void *w, const void *x, int64_t x_stride, int n_rows,
+                     int64_t n, float *out, int64_t out_stride) {
+    if (t->vec_dot_rows && n_rows > 1) {
+        t->vec_dot_rows(w, x, x_stride, n_rows, n, out, out_stride);
+        return;
+    }
+    for (int r = 0; r < n_rows; r++) out[r * out_stride] = t->vec_dot(w, (const char *)x + r * x_stride, n);
+}
+
 /* ---------------------------------------------------------------- scalar conversions */
 
 static uint32_t f32_bits(float f) {
@@ -138,10 +147,10 @@ pl_vec_kernels pl_vec = {pl_dot_f32_scalar, pl_axpy_f32_scalar, pl_softmax_scala
 
 /* Installs the scalar float kernels, then lets the chosen ISA's file replace what it speeds up. */
 void pl_install_type_kernels(int isa) {
-    traits[PL_TYPE_F32] = (pl_type_traits){"f32", 1, 4, PL_TYPE_F32, f32_to_f32, f32_from_f32, dot_f32, NULL};
-    traits[PL_TYPE_F16] = (pl_type_traits){"f16", 1, 2, PL_TYPE_F32, f16_to_f32, f16_from_f32, dot_f16, NULL};
+    traits[PL_TYPE_F32] = (pl_type_traits){"f32", 1, 4, PL_TYPE_F32, f32_to_f32, f32_from_f32, dot_f32, NULL, NULL};
+    traits[PL_TYPE_F16] = (pl_type_traits){"f16", 1, 2, PL_TYPE_F32, f16_to_f32, f16_from_f32, dot_f16, NULL, NULL};
     traits[PL_TYPE_BF16] =
-        (pl_type_traits){"bf16", 1, 2, PL_TYPE_F32, bf16_to_f32, bf16_from_f32, dot_bf16, NULL};
+        (pl_type_traits){"bf16", 1, 2, PL_TYPE_F32, bf16_to_f32, bf16_from_f32, dot_bf16, NULL, NULL};
     pl_vec.dot_f32 = pl_dot_f32_scalar;
     pl_vec.axpy_f32 = pl_axpy_f32_scalar;
     pl_vec.softmax = pl_softmax_scalar;

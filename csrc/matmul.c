@@ -111,15 +111,25 @@ static int prepare_activations(const pl_matmul_out *outs, int n_outs, const floa
     return converted;
 }
 
+/* With n ≥ 2 rows each weight row goes through the multi-row kernel, which unpacks a weight block
+ * once for all n (a batch of decode steps is compute-bound); its results are vec_dot's bit for bit,
+ * so a row of a batch equals that sequence's step alone. */
 static void dot_rows(const pl_matmul_out *o, int64_t lo, int64_t hi, const void *xv, int64_t xrow, int n) {
     const pl_tensor *w = o->w;
     pl_vec_dot_fn dot = pl_traits(w->type)->vec_dot;
+    pl_vec_dot_rows_fn dot_n = n > 1 ? pl_traits(w->type)->vec_dot_rows : NULL;
     int64_t wrow = pl_row_size(w->type, w->cols);
     for (int64_t r = lo; r < hi; r++) {
         const void *wr = (const char *)w->data + r * wrow;
         float b = o->bias ? o->bias[r] : 0.0f;
-        for (int tok = 0; tok < n; tok++)
-            o->y[tok * o->ldy + r] = dot(wr, (const char *)xv + tok * xrow, w->cols) + b;
+        if (dot_n) {
+            float *y = o->y + r; /* y[tok · ldy], tok < n */
+            dot_n(wr, xv, xrow, n, w->cols, y, o->ldy);
+            for (int tok = 0; tok < n; tok++) y[tok * o->ldy] += b;
+        } else {
+            for (int tok = 0; tok < n; tok++)
+                o->y[tok * o->ldy + r] = dot(wr, (const char *)xv + tok * xrow, w->cols) + b;
+        }
     }
 }
 

@@ -39,6 +39,11 @@ typedef void (*pl_from_f32_fn)(const float *src, void *dst, int64_t n);
 /* Dot product of one weight row (its stored type) with one activation row already converted to
  * the weight type's vec_dot_type. n is a whole number of blocks. */
 typedef float (*pl_vec_dot_fn)(const void *w, const void *x, int64_t n);
+/* The same dot of one weight row with n_rows activation rows x_stride bytes apart:
+ * out[t·out_stride] = vec_dot(w, x + t·x_stride, n), bit for bit, each weight block unpacked once
+ * for all the rows (a batch of decode steps, a short prefill). */
+typedef void (*pl_vec_dot_rows_fn)(const void *w, const void *x, int64_t x_stride, int n_rows, int64_t n,
+                                   float *out, int64_t out_stride);
 
 typedef struct {
     const char *name;
@@ -49,10 +54,15 @@ typedef struct {
     pl_from_f32_fn from_f32; /* quantize / narrow n elements (activations, quantize-on-load) */
     pl_vec_dot_fn vec_dot;  /* NULL where the type is only ever an activation format */
     pl_from_f32_fn quantize_weights; /* a slower, lower-error encoder for weights at load; or NULL */
+    pl_vec_dot_rows_fn vec_dot_rows; /* NULL where the ISA has none: pl_vec_dot_rows loops vec_dot */
 } pl_type_traits;
 
 /* NULL for a type pyllm does not know. */
 const pl_type_traits *pl_traits(int type);
+/* vec_dot_rows where the type has one, else vec_dot row by row: the reference every multi-row
+ * kernel equals bit for bit. */
+void pl_vec_dot_rows(const pl_type_traits *t, const void *w, const void *x, int64_t x_stride, int n_rows,
+                     int64_t n, float *out, int64_t out_stride);
 /* Bytes of a row of n elements; -1 if n is not a whole number of blocks or the type is unknown. */
 int64_t pl_row_size(int type, int64_t n);
 

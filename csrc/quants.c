@@ -739,7 +739,7 @@ static void set_traits(int type, const char *name, int64_t block_size, int64_t t
                        int vec_dot_type, pl_to_f32_fn to_f32, pl_from_f32_fn from_f32,
                        pl_vec_dot_fn vec_dot) {
     *pl_traits_slot(type) =
-        (pl_type_traits){name, block_size, type_size, vec_dot_type, to_f32, from_f32, vec_dot, NULL};
+        (pl_type_traits){name, block_size, type_size, vec_dot_type, to_f32, from_f32, vec_dot, NULL, NULL};
 }
 
 /* The struct sizes are the file format: a compiler that pads one would misread every tensor. */

@@ -393,6 +393,293 @@ PL_TARGET_AVX2 static float vec_dot_q6_K_q8_K_avx2(const void *vw, const void *v
     return hsum_ps(acc);
 }
 
+/* ================================================================ several activation rows
+ * vec_dot_rows: the kernels above for up to ROWS activation rows at a time. Each weight block is
+ * unpacked, and its scales widened, once for all of them; per row every float operation is the
+ * single kernel's, in its order and lane layout (acc lane k: the blocks ≡ k mod 8 of the
+ * eight-block loop), so each result is vec_dot's bit for bit. Integer sums are exact, so they may
+ * be reduced otherwise (the i16 route wherever the lanes allow it) and summed in any order. */
+
+#define ROWS 8 /* rows per pass: 8 measured faster than 4 (4 than 2 or 3), spills and all */
+
+/* Each pass inlined with its R, and its loops over rows and blocks unrolled: left to itself GCC
+ * keeps the larger passes as loops over arrays in memory, as slow as no sharing at all. */
+#if defined(_MSC_VER) && !defined(__clang__)
+#define ALWAYS_INLINE __forceinline
+#define UNROLLED
+#else
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLLED _Pragma("GCC unroll 8")
+#endif
+
+/* NAME(w, x, x_stride, n_rows, n, out, out_stride) running BODY, an always-inlined kernel of R rows,
+ * over passes of ROWS rows and one pass of the rest; each R a constant, so each pass is unrolled. */
+#define ROWS_DISPATCH(NAME, BODY)                                                                   \
+    PL_TARGET_AVX2 static void NAME(const void *w, const void *x, int64_t xs, int n_rows, int64_t n, \
+                                    float *out, int64_t os) {                                       \
+        const char *xb = x;                                                                         \
+        int t = 0;                                                                                  \
+        for (; t + ROWS <= n_rows; t += ROWS) BODY(w, xb + t * xs, xs, ROWS, n, out + t * os, os);   \
+        xb += t * xs;                                                                               \
+        out += t * os;                                                                              \
+        switch (n_rows - t) {                                                                       \
+        case 7: BODY(w, xb, xs, 7, n, out, os); break;                                              \
+        case 6: BODY(w, xb, xs, 6, n, out, os); break;                                              \
+        case 5: BODY(w, xb, xs, 5, n, out, os); break;                                              \
+        case 4: BODY(w, xb, xs, 4, n, out, os); break;                                              \
+        case 3: BODY(w, xb, xs, 3, n, out, os); break;                                              \
+        case 2: BODY(w, xb, xs, 2, n, out, os); break;                                              \
+        case 1: BODY(w, xb, xs, 1, n, out, os); break;                                              \
+        }                                                                                           \
+    }
+
+/* The f16 field at the start of each of 8 blocks (each ≥ 16 bytes): f16_fields' values, the
+ * cheaper way f16_pairs8 loads them. */
+PL_TARGET_AVX2 static inline __m256 f16_firsts8(const void *first, size_t stride) {
+    __m256 d, unused;
+    f16_pairs8(first, stride, &d, &unused);
+    return d;
+}
+
+/* Eight blocks' sums from maddubs lanes beyond ±8191: madd to i32, as SUMS8_I32. */
+PL_TARGET_AVX2 static inline __m256i sums_of_8_i32(const __m256i p[8]) {
+    const __m256i one = _mm256_set1_epi16(1);
+    __m256i s[8];
+    for (int k = 0; k < 8; k++) s[k] = _mm256_madd_epi16(p[k], one);
+    return sums_of_8(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]), _mm256_hadd_epi32(s[4], s[5]),
+                     _mm256_hadd_epi32(s[6], s[7]));
+}
+
+PL_TARGET_AVX2 static inline __m256i sums_of_8_i16_v(const __m256i p[8]) {
+    return sums_of_8_i16(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
+}
+
+/* Blocks of 32, R rows (BLOCK32_LOOP_WITH's operations per row). PREP(b, a, s) sets the weight side
+ * of block b: a, what maddubs takes unsigned, and s, what signs the activations of an s8·s8
+ * product (else unused); PROD(a, s, y) the block's maddubs lanes against activation quants y, and
+ * SUMS8 eight blocks' sums from them. XSCALES8(x, dw, mw, accm) the eight scales of the blocks from
+ * x on (adding the mins' share to accm, against q8_1), XD(x) one activation block's scale, and
+ * FINISH(t, sum) row t's result. */
+#define BLOCK32_ROWS(NAME, WT, XT, PREP, PROD, SUMS8, XSCALES8, XD, FINISH)                          \
+    PL_TARGET_AVX2 static ALWAYS_INLINE void NAME(const void *vw, const char *xb, int64_t xs, int R,  \
+                                                  int64_t n, float *out, int64_t os) {               \
+        const WT *w = vw;                                                                            \
+        const __m256i one = _mm256_set1_epi16(1);                                                    \
+        __m256 acc[ROWS], acc1[ROWS], accm[ROWS];                                                    \
+        UNROLLED for (int t = 0; t < R; t++) acc[t] = acc1[t] = accm[t] = _mm256_setzero_ps();                \
+        int64_t nb = n / QK, i = 0;                                                                  \
+        for (; i + 8 <= nb; i += 8) {                                                                \
+            __m256i a[8], s[8]; /* s: unused by the unsigned products */                             \
+            (void)s;                                                                                 \
+            UNROLLED for (int k = 0; k < 8; k++) PREP(&w[i + k], a[k], s[k]);                                 \
+            __m256 dw, mw;                                                                           \
+            f16_pairs8(&w[i], sizeof *w, &dw, &mw);                                                  \
+            UNROLLED for (int t = 0; t < R; t++) {                                                            \
+                const XT *x = (const XT *)(xb + t * xs) + i;                                         \
+                __m256i p[8];                                                                        \
+                UNROLLED for (int k = 0; k < 8; k++)                                                 \
+                    p[k] = PROD(a[k], s[k], _mm256_loadu_si256((const __m256i *)x[k].qs));           \
+                __m256 scales = XSCALES8(x, dw, mw, &accm[t]);                                       \
+                acc[t] = _mm256_fmadd_ps(scales, _mm256_cvtepi32_ps(SUMS8(p)), acc[t]);              \
+            }                                                                                        \
+        }                                                                                            \
+        for (; i < nb; i++) {                                                                        \
+            __m256i a, s;                                                                            \
+            (void)s;                                                                                 \
+            PREP(&w[i], a, s);                                                                       \
+            float dw = f16(&w[i].d);                                                                 \
+            UNROLLED for (int t = 0; t < R; t++) {                                                            \
+                const XT *x = (const XT *)(xb + t * xs) + i;                                         \
+                __m256i p = PROD(a, s, _mm256_loadu_si256((const __m256i *)x->qs));                  \
+                acc1[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * XD(x)),                                \
+                                          _mm256_cvtepi32_ps(_mm256_madd_epi16(p, one)), acc1[t]);   \
+            }                                                                                        \
+        }                                                                                            \
+        UNROLLED for (int t = 0; t < R; t++) {                                                                \
+            float sum = hsum_ps(_mm256_add_ps(acc[t], acc1[t]));                                     \
+            out[t * os] = FINISH(t, sum);                                                            \
+        }                                                                                            \
+    }
+
+/* Against q8_0: the scales d·dy. */
+PL_TARGET_AVX2 static inline __m256 xscales8_q8_0(const pl_block_q8_0 *x, __m256 dw, __m256 mw, __m256 *accm) {
+    (void)mw;
+    (void)accm;
+    return _mm256_mul_ps(dw, f16_firsts8(x, sizeof *x));
+}
+#define XD_Q8_0(x) f16(&(x)->d)
+#define FINISH_Q8_0(t, sum) (sum)
+
+/* Against q8_1: as scales8_min; FINISH as MIN_TERMS. */
+PL_TARGET_AVX2 static inline __m256 xscales8_q8_1(const pl_block_q8_1 *x, __m256 dw, __m256 mw, __m256 *accm) {
+    __m256 dy, s;
+    q8_1_ds8(x, &dy, &s);
+    *accm = _mm256_fmadd_ps(mw, s, *accm);
+    return _mm256_mul_ps(dw, dy);
+}
+#define XD_Q8_1(x) ((x)->d)
+/* m: the first block's m field, stride bytes from one block's to the next. */
+PL_TARGET_AVX2 static inline float mins_q8_1(const uint16_t *m, size_t stride, const pl_block_q8_1 *x, int64_t nb,
+                                             __m256 accm) {
+    float summ = 0.0f;
+    for (int64_t j = nb - nb % 8; j < nb; j++) summ += f16((const uint16_t *)((const char *)m + j * stride)) * x[j].s;
+    summ += hsum_ps(accm);
+    return summ;
+}
+#define FINISH_Q8_1(t, sum) ((sum) + mins_q8_1(&w[0].m, sizeof *w, (const pl_block_q8_1 *)(xb + (t) * xs), nb, accm[t]))
+
+/* q4_0: Σ (q − 8)·y as in dot_q4_0; its lanes lie within ±2·8·128, so the i16 route. */
+#define PREP_Q4_0(b, a, s) (a) = unpack_nibbles((b)->qs)
+#define PROD_Q4_0(a, s, y) _mm256_sub_epi16(_mm256_maddubs_epi16(a, y), _mm256_maddubs_epi16(_mm256_set1_epi8(8), y))
+BLOCK32_ROWS(rows_q4_0, pl_block_q4_0, pl_block_q8_0, PREP_Q4_0, PROD_Q4_0, sums_of_8_i16_v, xscales8_q8_0,
+             XD_Q8_0, FINISH_Q8_0)
+ROWS_DISPATCH(vec_dot_rows_q4_0_q8_0_avx2, rows_q4_0)
+
+/* q8_0 and q5_0: dot_s8s8's sign trick; q5_0's lanes lie within ±2·16·128 (i16 route), q8_0's not. */
+#define PROD_S8S8(a, s, y) _mm256_maddubs_epi16(a, _mm256_sign_epi8(y, s))
+#define PREP_Q8_0(b, a, s) ((s) = _mm256_loadu_si256((const __m256i *)(b)->qs), (a) = _mm256_sign_epi8(s, s))
+BLOCK32_ROWS(rows_q8_0, pl_block_q8_0, pl_block_q8_0, PREP_Q8_0, PROD_S8S8, sums_of_8_i32, xscales8_q8_0,
+             XD_Q8_0, FINISH_Q8_0)
+ROWS_DISPATCH(vec_dot_rows_q8_0_q8_0_avx2, rows_q8_0)
+
+#define PREP_Q5_0(b, a, s) ((s) = q5_0_signed(b), (a) = _mm256_sign_epi8(s, s))
+BLOCK32_ROWS(rows_q5_0, pl_block_q5_0, pl_block_q8_0, PREP_Q5_0, PROD_S8S8, sums_of_8_i16_v, xscales8_q8_0,
+             XD_Q8_0, FINISH_Q8_0)
+ROWS_DISPATCH(vec_dot_rows_q5_0_q8_0_avx2, rows_q5_0)
+
+/* q4_1, q5_1: unsigned quants, maddubs straight (the single kernels' PROD). */
+#define PROD_U8(a, s, y) _mm256_maddubs_epi16(a, y)
+#define PREP_Q4_1(b, a, s) (a) = unpack_nibbles((b)->qs)
+BLOCK32_ROWS(rows_q4_1, pl_block_q4_1, pl_block_q8_1, PREP_Q4_1, PROD_U8, sums_of_8_i16_v, xscales8_q8_1,
+             XD_Q8_1, FINISH_Q8_1)
+ROWS_DISPATCH(vec_dot_rows_q4_1_q8_1_avx2, rows_q4_1)
+
+#define PREP_Q5_1(b, a, s) (a) = q5_1_unsigned(b)
+BLOCK32_ROWS(rows_q5_1, pl_block_q5_1, pl_block_q8_1, PREP_Q5_1, PROD_U8, sums_of_8_i16_v, xscales8_q8_1,
+             XD_Q8_1, FINISH_Q8_1)
+ROWS_DISPATCH(vec_dot_rows_q5_1_q8_1_avx2, rows_q5_1)
+
+/* q4_K (qh NULL) and q5_K, R rows: chunk by chunk, its nibbles and scale shuffles shared by the rows. */
+PL_TARGET_AVX2 static ALWAYS_INLINE void rows_k4(const uint8_t *scales, const uint16_t *dp, const uint16_t *dminp,
+                                                 const uint8_t *q, const uint8_t *qh, const char *xb, int64_t xs,
+                                                 int64_t i, int R, __m256 *acc, __m128 *accm) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+    float dw = f16(dp), dminw = f16(dminp);
+    __m128i sm = unpack_scales_k4(scales);
+    __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    const pl_block_q8_K *x[ROWS];
+    __m256i sumi[ROWS];
+    UNROLLED for (int t = 0; t < R; t++) {
+        x[t] = (const pl_block_q8_K *)(xb + t * xs) + i;
+        float dmin = x[t]->d * dminw;
+        accm[t] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins_dot(sm, x[t])), accm[t]);
+        sumi[t] = _mm256_setzero_si256();
+    }
+    __m256i hbits = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+    UNROLLED for (int c = 0; c < 4; c++) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
+        __m256i ql = _mm256_and_si256(b, m4), qhi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+        if (qh) { /* as vec_dot_q5_K_q8_K_avx2's CHUNK */
+            __m256i hb = _mm256_srli_epi16(hbits, 2 * c);
+            ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_slli_epi16(hb, 4), bit4));
+            qhi = _mm256_or_si256(qhi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), bit4));
+        }
+        __m256i sc_lo = _mm256_shuffle_epi8(sc, BCAST_MASK(2 * c)), sc_hi = _mm256_shuffle_epi8(sc, BCAST_MASK(2 * c + 1));
+        UNROLLED for (int t = 0; t < R; t++) {
+            const int8_t *y = x[t]->qs + 64 * c;
+            __m256i lo = _mm256_maddubs_epi16(ql, _mm256_loadu_si256((const __m256i *)y));
+            __m256i hi = _mm256_maddubs_epi16(qhi, _mm256_loadu_si256((const __m256i *)(y + 32)));
+            sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(_mm256_madd_epi16(lo, sc_lo), _mm256_madd_epi16(hi, sc_hi)));
+        }
+    }
+    UNROLLED for (int t = 0; t < R; t++) {
+        float d = x[t]->d * dw;
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+    }
+}
+
+/* The k4 kernels' ending: hsum(acc) less the mins' share. */
+PL_TARGET_AVX2 static inline float k4_result(__m256 acc, __m128 accm) {
+    accm = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    accm = _mm_add_ss(accm, _mm_movehdup_ps(accm));
+    return hsum_ps(acc) - _mm_cvtss_f32(accm);
+}
+
+PL_TARGET_AVX2 static ALWAYS_INLINE void rows_q4_K(const void *vw, const char *xb, int64_t xs, int R, int64_t n,
+                                                   float *out, int64_t os) {
+    const pl_block_q4_K *w = vw;
+    __m256 acc[ROWS];
+    __m128 accm[ROWS];
+    UNROLLED for (int t = 0; t < R; t++) acc[t] = _mm256_setzero_ps(), accm[t] = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++)
+        rows_k4(w[i].scales, &w[i].d, &w[i].dmin, w[i].qs, NULL, xb, xs, i, R, acc, accm);
+    UNROLLED for (int t = 0; t < R; t++) out[t * os] = k4_result(acc[t], accm[t]);
+}
+ROWS_DISPATCH(vec_dot_rows_q4_K_q8_K_avx2, rows_q4_K)
+
+PL_TARGET_AVX2 static ALWAYS_INLINE void rows_q5_K(const void *vw, const char *xb, int64_t xs, int R, int64_t n,
+                                                   float *out, int64_t os) {
+    const pl_block_q5_K *w = vw;
+    __m256 acc[ROWS];
+    __m128 accm[ROWS];
+    UNROLLED for (int t = 0; t < R; t++) acc[t] = _mm256_setzero_ps(), accm[t] = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++)
+        rows_k4(w[i].scales, &w[i].d, &w[i].dmin, w[i].qs, w[i].qh, xb, xs, i, R, acc, accm);
+    UNROLLED for (int t = 0; t < R; t++) out[t * os] = k4_result(acc[t], accm[t]);
+}
+ROWS_DISPATCH(vec_dot_rows_q5_K_q8_K_avx2, rows_q5_K)
+
+/* q6_K, R rows: per half, the six-bit quants and scale shuffles shared by the rows. */
+PL_TARGET_AVX2 static ALWAYS_INLINE void rows_q6_K(const void *vw, const char *xb, int64_t xs, int R, int64_t n,
+                                                   float *out, int64_t os) {
+    const pl_block_q6_K *w = vw;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+    __m256 acc[ROWS];
+    UNROLLED for (int t = 0; t < R; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float dw = _cvtsh_ss(w[i].d);
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].scales));
+        const pl_block_q8_K *x[ROWS];
+        __m256i sumi[ROWS];
+        UNROLLED for (int t = 0; t < R; t++) {
+            x[t] = (const pl_block_q8_K *)(xb + t * xs) + i;
+            __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x[t]->bsums));
+            sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
+        }
+        for (int h = 0; h < 2; h++) { /* as vec_dot_q6_K_q8_K_avx2 */
+            const uint8_t *ql = w[i].ql + 64 * h;
+            __m256i sc = _mm256_broadcastsi128_si256(
+                _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(w[i].scales + 8 * h))));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(w[i].qh + 32 * h));
+            __m256i b1 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i b2 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i q[4], s[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(b1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m2));
+            q[1] = _mm256_or_si256(_mm256_and_si256(b2, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m2));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), _mm256_and_si256(hb, m2));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(hb, 2), m2));
+            s[0] = _mm256_shuffle_epi8(sc, PAIR_MASK(0));
+            s[1] = _mm256_shuffle_epi8(sc, PAIR_MASK(2));
+            s[2] = _mm256_shuffle_epi8(sc, PAIR_MASK(4));
+            s[3] = _mm256_shuffle_epi8(sc, PAIR_MASK(6));
+            UNROLLED for (int t = 0; t < R; t++) {
+                const int8_t *y = x[t]->qs + 128 * h;
+                UNROLLED for (int k = 0; k < 4; k++) {
+                    __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(y + 32 * k)));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, s[k]));
+                }
+            }
+        }
+        UNROLLED for (int t = 0; t < R; t++) {
+            float d = x[t]->d * dw;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        }
+    }
+    UNROLLED for (int t = 0; t < R; t++) out[t * os] = hsum_ps(acc[t]);
+}
+ROWS_DISPATCH(vec_dot_rows_q6_K_q8_K_avx2, rows_q6_K)
+
 /* ================================================================ activation quantizers */
 
 /* roundf: to nearest, ties away from zero (what ggml's q8_0/q8_1 references use). */
@@ -556,6 +843,14 @@ int pl_install_quants_avx2(void) {
     pl_traits_slot(PL_TYPE_Q4_K)->vec_dot = vec_dot_q4_K_q8_K_avx2;
     pl_traits_slot(PL_TYPE_Q5_K)->vec_dot = vec_dot_q5_K_q8_K_avx2;
     pl_traits_slot(PL_TYPE_Q6_K)->vec_dot = vec_dot_q6_K_q8_K_avx2;
+    pl_traits_slot(PL_TYPE_Q4_0)->vec_dot_rows = vec_dot_rows_q4_0_q8_0_avx2;
+    pl_traits_slot(PL_TYPE_Q4_1)->vec_dot_rows = vec_dot_rows_q4_1_q8_1_avx2;
+    pl_traits_slot(PL_TYPE_Q5_0)->vec_dot_rows = vec_dot_rows_q5_0_q8_0_avx2;
+    pl_traits_slot(PL_TYPE_Q5_1)->vec_dot_rows = vec_dot_rows_q5_1_q8_1_avx2;
+    pl_traits_slot(PL_TYPE_Q8_0)->vec_dot_rows = vec_dot_rows_q8_0_q8_0_avx2;
+    pl_traits_slot(PL_TYPE_Q4_K)->vec_dot_rows = vec_dot_rows_q4_K_q8_K_avx2;
+    pl_traits_slot(PL_TYPE_Q5_K)->vec_dot_rows = vec_dot_rows_q5_K_q8_K_avx2;
+    pl_traits_slot(PL_TYPE_Q6_K)->vec_dot_rows = vec_dot_rows_q6_K_q8_K_avx2;
     pl_traits_slot(PL_TYPE_Q8_0)->from_f32 = quantize_q8_0_avx2;
     pl_traits_slot(PL_TYPE_Q8_1)->from_f32 = quantize_q8_1_avx2;
     pl_traits_slot(PL_TYPE_Q8_K)->from_f32 = quantize_q8_K_avx2;

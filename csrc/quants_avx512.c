@@ -132,6 +132,9 @@ int pl_install_quants_avx512(void) {
     pl_install_quants_avx2();
     pl_traits_slot(PL_TYPE_Q5_K)->vec_dot = vec_dot_q5_K_q8_K_avx512;
     pl_traits_slot(PL_TYPE_Q6_K)->vec_dot = vec_dot_q6_K_q8_K_avx512;
+    /* The AVX2 multi-row kernels equal the AVX2 vec_dot, not these: rows go one by one. */
+    pl_traits_slot(PL_TYPE_Q5_K)->vec_dot_rows = NULL;
+    pl_traits_slot(PL_TYPE_Q6_K)->vec_dot_rows = NULL;
     return 1;
 }
 

@@ -34,6 +34,8 @@ cdef extern from "pyllm.h" nogil:
     pl_vec_kernels pl_vec
     const pl_type_traits *pl_traits(int type)
     int64_t pl_row_size(int type, int64_t n)
+    void pl_vec_dot_rows(const pl_type_traits *t, const void *w, const void *x, int64_t x_stride, int n_rows,
+                         int64_t n, float *out, int64_t out_stride)
 
     int pl_cpu_best_isa()
     int pl_set_isa(int isa)
@@ -239,6 +241,22 @@ def vec_dot(int wtype, const unsigned char[::1] w, const unsigned char[::1] x, i
     if w.shape[0] < row_size(wtype, n) or x.shape[0] < row_size(t.vec_dot_type, n):
         raise ValueError("buffers shorter than n elements")
     return t.vec_dot(&w[0], &x[0], n)
+
+
+def vec_dot_rows(int wtype, const unsigned char[::1] w, const unsigned char[::1] x, int n_rows, int64_t n):
+    """Dots of a row stored as wtype with n_rows rows of its vec_dot_type, back to back in x (raw
+    bytes), through the multi-row kernel the matmul uses; float32 array of n_rows."""
+    cdef const pl_type_traits *t = _traits(wtype)
+    if t.vec_dot == NULL:
+        raise ValueError(f"type {wtype} has no dot kernel")
+    cdef int64_t xrow = row_size(t.vec_dot_type, n)
+    if n_rows < 0 or w.shape[0] < row_size(wtype, n) or x.shape[0] < n_rows * xrow:
+        raise ValueError("buffers shorter than n_rows rows of n elements")
+    out = np.empty(n_rows, dtype=np.float32)
+    cdef float[::1] o = out
+    if n_rows:
+        pl_vec_dot_rows(t, &w[0], &x[0], xrow, n_rows, n, &o[0], 1)
+    return out
 
 
 def softmax(const float[::1] x):

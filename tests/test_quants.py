@@ -454,6 +454,30 @@ def test_vec_dot_simd_agrees_with_scalar(t, isa):
         assert abs(s - r) <= dot_tolerance(scale, n), (s, r)
 
 
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_vec_dot_rows_equals_vec_dot_of_each_row_bit_for_bit(t, isa):
+    # The matmul dots each weight row with all rows of a batch at once; each result must be the
+    # single kernel's bits, or a batched decode step would differ from the sequence's solo step.
+    # Row counts cover passes of 8 and every remainder; widths the 8-block groups and their tails
+    # (576 = 18 blocks of 32) and one to three k-quant super-blocks.
+    blocks = [1, 2, 3] if block_size(t) == QK_K else [1, 7, 8, 9, 17, 18, 33]
+    rng = np.random.default_rng(int(t))
+    for nb in blocks:
+        n = nb * block_size(t)
+        weights = [weight_row(t, n, 100 + int(t) + nb), random_blocks(t, nb, rng, extreme=True)]
+        x = np.stack([gaussian(n, 200 + r) * np.float32(10.0 ** (r % 5 - 2)) for r in range(17)])
+        xq = np.concatenate([_core.from_f32(int(ACTIVATION_OF[t]), row) for row in x])
+        row_bytes = xq.size // len(x)
+        for w in weights:
+            want = np.array([_core.vec_dot(int(t), w, xq[r * row_bytes:(r + 1) * row_bytes], n)
+                             for r in range(len(x))], np.float32)
+            for n_rows in range(1, len(x) + 1):
+                got = _core.vec_dot_rows(int(t), w, xq[:n_rows * row_bytes], n_rows, n)
+                np.testing.assert_array_equal(got.view(np.uint32), want[:n_rows].view(np.uint32),
+                                              err_msg=f"{nb} blocks, {n_rows} rows")
+
+
 def test_vec_dot_of_extreme_f16_scales_stays_finite_and_exact_enough():
     rng = np.random.default_rng(4)
     for t in WEIGHT_TYPES:

@@ -5,7 +5,8 @@
  * .ci/cross builds and runs it on each. For each ISA the kernel table is taken once with
  * pl_set_isa(PL_ISA_SCALAR) and once with the ISA, and every entry of both — the traits of every
  * type (to_f32, from_f32, vec_dot, quantize_weights) and pl_vec — is called on the same inputs
- * (also the entries an ISA leaves scalar: they must then agree trivially). The tolerances are the
+ * (also the entries an ISA leaves scalar: they must then agree trivially). An ISA's vec_dot_rows
+ * is checked against that ISA's own vec_dot, bit for bit. The tolerances are the
  * ones the Python tests use:
  *
  *   bit for bit    widening and dequantizing (every ISA does the scalar's operations in its order;
@@ -524,6 +525,55 @@ static void check_vec_dot(ctx_t *c, int type) {
     free(xf);
 }
 
+/* vec_dot_rows, where the ISA has one: each of n_rows results, written out_stride apart, is the
+ * ISA's own vec_dot of that row bit for bit (what keeps a row of a batched decode step equal to
+ * that sequence's step alone), and nothing between them is written. Row counts cover passes of 8
+ * and every remainder; widths the 8-block groups and their tails (18 blocks: a 576 row). In the
+ * failure messages the reference, this ISA's vec_dot, is called "scalar". */
+static void check_vec_dot_rows(ctx_t *c, int type) {
+    const pl_type_traits *ts = &c->simd->t[type];
+    if (!ts->vec_dot_rows) return;
+    stat_t *s = stat_of(ts->name, "vec_dot_rows", 1);
+    enum { MAX_ROWS = 17 };
+    static const int blocks_32[] = {1, 7, 8, 9, 17, 18, 33}, blocks_k[] = {1, 2, 3};
+    int k32 = ts->block_size == QK;
+    const int *counts = k32 ? blocks_32 : blocks_k;
+    int n_counts = k32 ? LEN(blocks_32) : LEN(blocks_k), vt = ts->vec_dot_type;
+    const int64_t cap = 5 * QK_K; /* ≥ 33 blocks of 32, whole super-blocks */
+    int64_t xrow = pl_row_size(vt, cap);
+    void *w = malloc((size_t)pl_row_size(type, cap));
+    uint8_t *xq = malloc((size_t)(MAX_ROWS * xrow));
+    float *x = malloc(cap * 4), want[MAX_ROWS], got[2 * MAX_ROWS], gap[2 * MAX_ROWS];
+    char what[80];
+    for (int k = 0; k < n_counts; k++) {
+        int64_t nb = counts[k], n = nb * ts->block_size;
+        xrow = pl_row_size(vt, n);
+        for (int mode = SCALES_NORMAL; mode <= SCALES_EXTREME; mode++) {
+            random_blocks(type, w, nb, mode, &c->rng);
+            for (int r = 0; r < MAX_ROWS; r++) {
+                gaussian(x, n, &c->rng);
+                float f = (float)(r % 5 == 0 ? 1e-2 : r % 5 == 1 ? 1e-1 : r % 5 == 2 ? 1.0 : r % 5 == 3 ? 1e1 : 1e2);
+                for (int64_t i = 0; i < n; i++) x[i] *= mode == SCALES_EXTREME ? 1e-3f : f;
+                c->ref->t[vt].from_f32(x, xq + r * xrow, n);
+                want[r] = ts->vec_dot(w, xq + r * xrow, n);
+            }
+            for (int n_rows = 1; n_rows <= MAX_ROWS; n_rows++) {
+                for (int i = 0; i < 2 * MAX_ROWS; i++) got[i] = gap[i] = -12345.0f;
+                ts->vec_dot_rows(w, xq, xrow, n_rows, n, got, 2);
+                float res[MAX_ROWS], between[MAX_ROWS];
+                for (int r = 0; r < n_rows; r++) res[r] = got[2 * r], between[r] = got[2 * r + 1];
+                snprintf(what, sizeof what, "%lld blocks, %d rows, %s scales", (long long)nb, n_rows,
+                         mode == SCALES_NORMAL ? "normal" : "extreme");
+                same_floats(s, what, res, want, n_rows);
+                same_floats(s, what, between, gap, n_rows);
+            }
+        }
+    }
+    free(w);
+    free(xq);
+    free(x);
+}
+
 /* ---------------------------------------------------------------- pl_vec */
 
 static const int VEC_LENS[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 576, 1000, 1536, 4099};
@@ -740,6 +790,7 @@ int main(int argc, char **argv) {
             check_from_f32(&c, type, 0);
             check_from_f32(&c, type, 1);
             check_vec_dot(&c, type);
+            check_vec_dot_rows(&c, type);
         }
         check_vec(&c);
         report();
