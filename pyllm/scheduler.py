@@ -102,6 +102,10 @@ class Job:
     def prefilling(self) -> bool:
         return self.cache is not None and self.logits is None
 
+    def context(self) -> list[int]:
+        """What the cache must hold before the next token: the prompt, and the tokens generated."""
+        return self.ids + self.generated if self.generated else self.ids
+
     def choose(self) -> int | None:
         """Samples, emits and records the next token; None when the job ends instead of stepping."""
         model = self.model
@@ -171,6 +175,7 @@ class Engine:
         with self.model._lock:
             self._drop_cancelled()
             self._admit()
+            self._reclaim_taken_caches()
             batch = [j for j in list(self.running) if j.logits is not None and self._choose(j)]
             self._decode(batch)
             self._prefill_one_chunk()
@@ -196,6 +201,15 @@ class Engine:
                 continue
             job.cache = model._take_prefix(job.ids, job)
             self.running.append(job)
+
+    def _reclaim_taken_caches(self) -> None:
+        """A generation outside this engine (a stream on the same model) may take the stalest cache
+        when the pool is full; a job that lost its cache takes another and prefills its context
+        again, as a solo generation does."""
+        for job in self.running:
+            if job.cache.owner is not job:
+                job.cache = self.model._take_prefix(job.context(), job)
+                job.logits = None
 
     def _choose(self, job: Job) -> bool:
         """Whether the job goes on with the token it samples (emitted by choose)."""
@@ -228,16 +242,16 @@ class Engine:
         job = next((j for j in self.running if j.prefilling), None)
         if job is None:
             return
-        seq = job.cache.seq
-        a, b = prefill_chunks(seq.pos, len(job.ids))[0]
+        seq, context = job.cache.seq, job.context()
+        a, b = prefill_chunks(seq.pos, len(context))[0]
         try:
-            logits = seq.forward(job.ids[a:b])
+            logits = seq.forward(context[a:b])
         except Exception as e:  # noqa: BLE001
             self._fail(job, e)
             return
-        job.cache.ids = whole_chunks(job.ids[:b])
+        job.cache.ids = whole_chunks(context[:b])
         job.cache.used = self._tick()
-        if b == len(job.ids):
+        if b == len(context):
             job.logits = logits
 
     def _tick(self) -> int:

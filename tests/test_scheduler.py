@@ -236,3 +236,29 @@ def test_the_scheduler_thread_serves_many_submitters_and_runs_calls_between_step
         assert sched.active == 0 and sched.queued == 0 and sched.slots == 3
     finally:
         sched.close()
+
+
+def test_a_job_whose_cache_a_stream_takes_prefills_its_context_again(family_checkpoint):
+    """parallel=2, two engine jobs and a stream on the same model: the stream takes a job's cache
+    (the pool is full), the job takes one back and runs its prompt and tokens again — no two
+    generations ever share a cache, and every one ends with what it gets alone."""
+    llm = pyllm.load(family_checkpoint("llama"), threads=2, parallel=2)
+    llm.eos_ids = set()
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    clock = [0]
+    engine = Engine(llm)
+    records = [submit(engine, clock, p, max_tokens=10)[1] for p in prompts]
+    for _ in range(4):
+        engine.step()
+        clock[0] += 1
+    before = llm.tokens_processed
+    stream = llm.stream([12, 13, 14], max_tokens=10)
+    next(stream)
+    assert sum(c.owner is not None for c in llm._caches) == 2 and len(llm._caches) == 2
+    run_engine(engine, clock)
+    for _ in stream:
+        pass
+    assert llm.tokens_processed - before > 3 + 10 + 10  # contexts ran again
+    for p, rec in zip(prompts, records):
+        assert_alone(llm, p, rec, max_tokens=10)
+    assert stream.completion.token_ids == llm.generate([12, 13, 14], max_tokens=10).token_ids
