@@ -193,3 +193,19 @@ def test_a_bad_kv_dtype_is_refused(family_checkpoint, bad):
     llm = pyllm.load(folder, threads=2)
     with pytest.raises(ValueError, match="kv_dtype"):
         _core.CoreSequence(llm._core, 8, kv_dtype=bad if bad is not None else "bf16")
+
+
+@pytest.mark.parametrize("n_tokens", [9, 24], ids=["vec", "sgemm"])
+def test_a_trace_over_an_f16_cache_gives_f32_keys_and_values(family_checkpoint, n_tokens):
+    """Keys and values come back in f32 as computed, before their rounding into the cache: layer 0's
+    are the f32 cache's bit for bit (nothing before them reads the cache), later ones close."""
+    folder = family_checkpoint("qwen3")
+    m32, m16 = pyllm.load(folder, threads=2), pyllm.load(folder, threads=2, kv_dtype="f16")
+    ids = [int(i) for i in np.random.default_rng(3).integers(3, m32.vocab_size, n_tokens)]
+    t32 = m32.trace(ids, capture=("k", "v", "logits"))
+    t16 = m16.trace(ids, capture=("k", "v", "logits"))
+    for name in ("k", "v"):
+        assert t16[name].dtype == np.float32
+        np.testing.assert_array_equal(t16[name][0], t32[name][0])
+        np.testing.assert_allclose(t16[name], t32[name], rtol=0, atol=FAMILY_ATOL)
+    np.testing.assert_array_equal(t16["logits"], m16.logits(ids))
