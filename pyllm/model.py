@@ -557,7 +557,8 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
     weight matrix at load, in C on all threads: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0",
     "q5_1", "q4_k", "q5_k", "q6_k" (k-quants fall back to q5_0/q5_1/q8_0 for rows that are not whole
     256-blocks); norms stay f32. None keeps what the file holds. kv_dtype is the KV cache's element
-    type: "f32", or "f16" for half the memory and bandwidth at long contexts (logits within ~1e-2).
+    type: "f32", or "f16" for half the memory and bandwidth at long contexts (keys and values
+    rounded to f16; tests/test_kv_cache.py states how far logits move).
 
     >>> llm = pyllm.load("smollm2")  # doctest: +SKIP
     >>> llm = pyllm.load("owner/Some-Model-GGUF", file="*Q4_K_M.gguf")  # doctest: +SKIP
