@@ -101,6 +101,16 @@ void pl_axpy_f32_scalar(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+float pl_dot_f16_scalar(const float *a, const uint16_t *b, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += a[i] * pl_f16_to_f32(b[i]);
+    return s;
+}
+
+void pl_axpy_f16_scalar(float *y, float a, const uint16_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * pl_f16_to_f32(x[i]);
+}
+
 static void f32_to_f32(const void *src, float *dst, int64_t n) { memcpy(dst, src, (size_t)n * 4); }
 static void f32_from_f32(const float *src, void *dst, int64_t n) { memcpy(dst, src, (size_t)n * 4); }
 
@@ -143,7 +153,7 @@ static float dot_bf16(const void *w, const void *x, int64_t n) {
 }
 
 pl_vec_kernels pl_vec = {pl_dot_f32_scalar, pl_axpy_f32_scalar, pl_softmax_scalar, pl_swiglu_scalar,
-                         pl_geglu_scalar, pl_gelu_scalar};
+                         pl_geglu_scalar,   pl_gelu_scalar,     pl_dot_f16_scalar, pl_axpy_f16_scalar};
 
 /* Installs the scalar float kernels, then lets the chosen ISA's file replace what it speeds up. */
 void pl_install_type_kernels(int isa) {
@@ -157,6 +167,8 @@ void pl_install_type_kernels(int isa) {
     pl_vec.swiglu = pl_swiglu_scalar;
     pl_vec.geglu = pl_geglu_scalar;
     pl_vec.gelu = pl_gelu_scalar;
+    pl_vec.dot_f16 = pl_dot_f16_scalar;
+    pl_vec.axpy_f16 = pl_axpy_f16_scalar;
     /* An AVX-512 CPU runs the AVX2 kernels that have no wider variant. */
     if (isa == PL_ISA_AVX2 || isa == PL_ISA_AVX512) pl_install_simd_avx2();
     if (isa == PL_ISA_AVX512) pl_install_simd_avx512();

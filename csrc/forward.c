@@ -29,10 +29,28 @@ typedef struct {
 static inline pl_state *seq_of(const forward_args *a, int t) { return a->seqs ? a->seqs[t] : a->s; }
 static inline int pos_of(const forward_args *a, int t) { return a->seqs ? a->seqs[t]->pos : a->s->pos + t; }
 
-/* Row t's key (which = 0) or value (1) slot in layer l of its sequence's cache. */
-static inline float *cache_row(const forward_args *a, int which, int l, int t) {
+/* Where layer l's cache (which = 0: keys, 1: values) of s holds position pos. */
+static inline void *cache_at(const pl_state *s, int which, int l, int pos) {
+    int64_t i = ((int64_t)l * s->n_ctx + pos) * s->kv_dim;
+    char *base = which ? s->v_cache : s->k_cache;
+    return base + i * (s->kv_type == PL_TYPE_F16 ? 2 : 4);
+}
+
+/* Whether this step's keys and values wait in the staging rows before going to their caches: a
+ * batched step's rows belong to different caches, and an f16 cache takes them rounded. */
+static inline int staged(const forward_args *a) { return a->seqs || a->s->kv_type != PL_TYPE_F32; }
+
+/* Row t's staged key and value into its sequence's cache, in the cache's type. */
+static void store_kv(const forward_args *a, int l, int t, const float *k, const float *v) {
     pl_state *q = seq_of(a, t);
-    return (which ? q->v_cache : q->k_cache) + ((int64_t)l * q->n_ctx + pos_of(a, t)) * q->kv_dim;
+    void *kc = cache_at(q, 0, l, pos_of(a, t)), *vc = cache_at(q, 1, l, pos_of(a, t));
+    if (q->kv_type == PL_TYPE_F16) {
+        pl_traits(PL_TYPE_F16)->from_f32(k, kc, q->kv_dim);
+        pl_traits(PL_TYPE_F16)->from_f32(v, vc, q->kv_dim);
+    } else {
+        memcpy(kc, k, (size_t)q->kv_dim * sizeof *k);
+        memcpy(vc, v, (size_t)q->kv_dim * sizeof *v);
+    }
 }
 
 /* A trace's copy of rows [0, n) of src (row stride width) into buf, this thread's rows: the same
@@ -90,7 +108,7 @@ static void residual_add(const forward_args *a, const pl_norm *post_norm, float 
 }
 
 /* Per-head RMSNorm of q and k (Qwen3, Gemma 3), then rope on the first n_rot dims of each head.
- * Row t's key is k + t · k_stride: in the cache, or (a batched step) in the state's staging rows,
+ * Row t's key is k + t · k_stride: in the cache, or in the state's staging rows (see staged),
  * whence it and its value go to their sequences' caches. */
 static void position_heads(const forward_args *a, const pl_layer *L, int l, float *k0, int64_t k_stride, int ith,
                            int nth) {
@@ -111,10 +129,7 @@ static void position_heads(const forward_args *a, const pl_layer *L, int l, floa
             pl_rope(q, m->n_heads, hd, m->n_rot, seq->rope_cos + at, seq->rope_sin + at, m->rope_interleaved);
             pl_rope(k, m->n_kv_heads, hd, m->n_rot, seq->rope_cos + at, seq->rope_sin + at, m->rope_interleaved);
         }
-        if (a->seqs) {
-            memcpy(cache_row(a, 0, l, t), k, (size_t)kvd * sizeof *k);
-            memcpy(cache_row(a, 1, l, t), s->vstage + t * kvd, (size_t)kvd * sizeof *k);
-        }
+        if (staged(a)) store_kv(a, l, t, k, s->vstage + t * kvd);
     }
 }
 
@@ -126,15 +141,13 @@ static void attention_per_sequence(const forward_args *a, const pl_layer *L, int
     const int64_t qd = (int64_t)m->n_heads * m->head_dim;
     for (int t = 0; t < a->n; t++) {
         const pl_state *seq = seq_of(a, t);
-        const int64_t layer_off = (int64_t)l * seq->n_ctx * seq->kv_dim;
-        pl_attention(m, s->q + t * qd, seq->k_cache + layer_off, seq->v_cache + layer_off, seq->pos, 1,
+        pl_attention(m, s->q + t * qd, cache_at(seq, 0, l, 0), cache_at(seq, 1, l, 0), seq->kv_type, seq->pos, 1,
                      L->sliding_window, s->att + t * qd, s->scores + (int64_t)ith * s->n_ctx, NULL, ith, nth);
     }
 }
 
 /* tr: the layer's PL_TRACE_POINTS buffers, or NULL when it is not traced. */
-static void layer(const forward_args *a, const pl_layer *L, int l, float *kc, float *vc, float *const *tr, int ith,
-                  int nth) {
+static void layer(const forward_args *a, const pl_layer *L, int l, float *const *tr, int ith, int nth) {
     static float *const untraced[PL_TRACE_POINTS];
     const pl_model *m = a->m;
     pl_state *s = a->s;
@@ -147,22 +160,22 @@ static void layer(const forward_args *a, const pl_layer *L, int l, float *kc, fl
     trace_rows(a, tr[PL_TRACE_ATTN_NORM], s->xn, dim, ith, nth);
     pl_barrier(pool);
 
-    /* k and v are written straight into the cache at their positions; a batched step's rows
-     * belong to different caches, so they wait in the state's staging rows */
-    float *k0 = a->seqs ? s->kstage : kc + (int64_t)pos0 * kvd;
-    float *v0 = a->seqs ? s->vstage : vc + (int64_t)pos0 * kvd;
+    /* k and v are written straight into an f32 cache at their positions, else staged */
+    void *kc = cache_at(s, 0, l, 0), *vc = cache_at(s, 1, l, 0);
+    float *k0 = staged(a) ? s->kstage : (float *)kc + (int64_t)pos0 * kvd;
+    float *v0 = staged(a) ? s->vstage : (float *)vc + (int64_t)pos0 * kvd;
     pl_matmul_out qkv[3] = {{&L->wq, s->q, qd, L->bq}, {&L->wk, k0, kvd, L->bk}, {&L->wv, v0, kvd, L->bv}};
     pl_matmul(qkv, 3, s->xn, n, a->batch, &s->mm, pool, ith, nth);
     pl_barrier(pool);
 
-    if (L->q_norm.w || L->k_norm.w || m->n_rot || a->seqs) {
+    if (L->q_norm.w || L->k_norm.w || m->n_rot || staged(a)) {
         position_heads(a, L, l, k0, kvd, ith, nth);
         pl_barrier(pool);
     }
     /* attention only reads q, k and v: copying them out needs no barrier */
     trace_rows(a, tr[PL_TRACE_Q], s->q, qd, ith, nth);
-    trace_rows(a, tr[PL_TRACE_K], kc + (int64_t)pos0 * kvd, kvd, ith, nth);
-    trace_rows(a, tr[PL_TRACE_V], vc + (int64_t)pos0 * kvd, kvd, ith, nth);
+    trace_rows(a, tr[PL_TRACE_K], k0, kvd, ith, nth);
+    trace_rows(a, tr[PL_TRACE_V], v0, kvd, ith, nth);
 
     pl_probs_out probs_out = {tr[PL_TRACE_PROBS], a->trace_row, a->trace ? a->trace->n_rows : 0,
                               a->trace ? a->trace->n_keys : 0};
@@ -170,10 +183,12 @@ static void layer(const forward_args *a, const pl_layer *L, int l, float *kc, fl
     if (a->seqs)
         attention_per_sequence(a, L, l, ith, nth);
     else if (s->mm.sgemm && s->mm.per_thread_blas && a->batch >= PL_BLAS_MIN_TOKENS)
-        pl_attention_blas(m, s->q, kc, vc, pos0, n, L->sliding_window, s->att,
-                          s->scores + (int64_t)ith * PL_ATTN_QBLOCK * s->n_ctx, s->mm.sgemm, probs, ith, nth);
+        pl_attention_blas(m, s->q, kc, vc, s->kv_type, pos0, n, L->sliding_window, s->att,
+                          s->scores + (int64_t)ith * PL_ATTN_QBLOCK * s->n_ctx,
+                          s->kv_wide ? s->kv_wide + (int64_t)ith * 2 * s->n_ctx * m->head_dim : NULL, s->mm.sgemm,
+                          probs, ith, nth);
     else
-        pl_attention(m, s->q, kc, vc, pos0, n, L->sliding_window, s->att,
+        pl_attention(m, s->q, kc, vc, s->kv_type, pos0, n, L->sliding_window, s->att,
                      s->scores + (int64_t)ith * s->n_ctx, probs, ith, nth);
     pl_barrier(pool);
 
@@ -208,9 +223,7 @@ static void forward_task(void *raw, int ith, int nth) {
 
     float *const *traced = a->trace && a->trace->layers ? a->trace->layers : NULL;
     for (int l = 0; l < m->n_layers; l++)
-        layer(a, &m->layers[l], l, s->k_cache + (int64_t)l * s->n_ctx * s->kv_dim,
-              s->v_cache + (int64_t)l * s->n_ctx * s->kv_dim, traced ? traced + l * PL_TRACE_POINTS : NULL,
-              ith, nth);
+        layer(a, &m->layers[l], l, traced ? traced + l * PL_TRACE_POINTS : NULL, ith, nth);
 
     float *out_norm = a->trace ? a->trace->out_norm : NULL;
     if (!a->logits && !out_norm) return;

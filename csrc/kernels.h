@@ -31,6 +31,8 @@ pl_type_traits *pl_traits_slot(int type);
 /* Scalar references (dtypes.c). */
 float pl_dot_f32_scalar(const float *a, const float *b, int64_t n);
 void pl_axpy_f32_scalar(float *y, float a, const float *x, int64_t n);
+float pl_dot_f16_scalar(const float *a, const uint16_t *b, int64_t n);
+void pl_axpy_f16_scalar(float *y, float a, const uint16_t *x, int64_t n);
 
 /* Per-ISA installers of the f32/f16/bf16 kernels: each returns 0 where not compiled in. */
 int pl_install_simd_avx2(void);
@@ -60,15 +62,17 @@ typedef struct {
     int row0, n_rows, n_keys;
 } pl_probs_out;
 
-/* Causal GQA attention of n queries at positions pos0.. over a layer's cache. */
-void pl_attention(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
+/* Causal GQA attention of n queries at positions pos0.. over a layer's cache, whose elements are
+ * kv_type (PL_TYPE_F32 or PL_TYPE_F16). */
+void pl_attention(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
                   int pos0, int n, int window, float *out, float *scores, const pl_probs_out *probs,
                   int ith, int nth);
 
-/* The same for a prefill batch through sgemm; scores holds PL_ATTN_QBLOCK × n_ctx floats. */
+/* The same for a prefill batch through sgemm; scores holds PL_ATTN_QBLOCK × n_ctx floats. An f16
+ * cache's rows are widened first into kv_wide, 2 × n_ctx × head_dim floats (NULL for f32). */
 #define PL_ATTN_QBLOCK 64
-void pl_attention_blas(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
-                       int pos0, int n, int window, float *out, float *scores, pl_sgemm_fn sgemm,
+void pl_attention_blas(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
+                       int pos0, int n, int window, float *out, float *scores, float *kv_wide, pl_sgemm_fn sgemm,
                        const pl_probs_out *probs, int ith, int nth);
 
 /* ---------------------------------------------------------------- matmul.c */
@@ -117,8 +121,10 @@ struct pl_state {
     int n_ctx, n_batch, n_threads;
     int pos;               /* tokens in the cache */
     int kv_dim;            /* n_kv_heads * head_dim */
-    float *k_cache;        /* (n_layers, n_ctx, kv_dim) */
-    float *v_cache;        /* (n_layers, n_ctx, kv_dim) */
+    int kv_type;           /* PL_TYPE_F32 or PL_TYPE_F16: the caches' elements */
+    void *k_cache;         /* (n_layers, n_ctx, kv_dim) of kv_type */
+    void *v_cache;         /* (n_layers, n_ctx, kv_dim) of kv_type */
+    int64_t cache_bytes;   /* of each of the two */
     float *rope_cos;       /* (n_ropes, n_ctx, n_rot / 2), the table's scale applied */
     float *rope_sin;       /* (n_ropes, n_ctx, n_rot / 2) */
     float *x;              /* (n_batch, dim) the residual stream */
@@ -129,9 +135,10 @@ struct pl_state {
     float *tmp;            /* (n_batch, dim) a block's output before the residual add */
     float *gate;           /* (n_batch, ffn_dim) */
     float *up;             /* (n_batch, ffn_dim) */
-    float *kstage;         /* (n_batch, kv_dim) a batched decode step's keys before their caches */
+    float *kstage;         /* (n_batch, kv_dim) keys before their caches: a batched step's, an f16 cache's */
     float *vstage;         /* (n_batch, kv_dim) and values */
     float *scores;         /* (n_threads, n_ctx); (n_threads, PL_ATTN_QBLOCK, n_ctx) with sgemm */
+    float *kv_wide;        /* (n_threads, 2, n_ctx, head_dim) an f16 cache's K/V rows widened for sgemm; or NULL */
     pl_matmul_scratch mm;  /* xq: (PL_MATMUL_MAX_OUTS, xq_region); wtile: (tile_floats) */
 };
 

@@ -92,6 +92,8 @@ typedef struct {
     void (*swiglu)(float *gate, const float *up, int n);          /* gate = silu(gate)·up */
     void (*geglu)(float *gate, const float *up, int n);           /* gate = gelu_tanh(gate)·up */
     void (*gelu)(float *x, int n);                                /* x = gelu_tanh(x) */
+    float (*dot_f16)(const float *a, const uint16_t *b, int64_t n);  /* an f32 query · an f16 key */
+    void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n); /* y += a·x, x in f16 */
 } pl_vec_kernels;
 extern pl_vec_kernels pl_vec;
 
@@ -267,10 +269,14 @@ const char *pl_model_check(const pl_model *m);
 /* One sequence: its KV cache, rotary tables and every activation buffer, allocated once. */
 typedef struct pl_state pl_state;
 
-pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threads);
+/* kv_type: the cache's element type, PL_TYPE_F32 or PL_TYPE_F16 (half the bytes; keys and values
+ * rounded to f16 as they are stored). NULL for any other type. */
+pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threads, int kv_type);
 void pl_state_free(pl_state *s);
 int pl_state_pos(const pl_state *s);
 int pl_state_n_ctx(const pl_state *s);
+/* Bytes of the K and V caches together. */
+int64_t pl_state_cache_bytes(const pl_state *s);
 /* Forget cached positions >= pos (0 starts afresh); returns -1 if pos is outside [0, current]. */
 int pl_state_truncate(pl_state *s, int pos);
 

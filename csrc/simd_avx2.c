@@ -71,6 +71,18 @@ PL_TARGET_AVX2 static void axpy_f32_avx2(float *y, float a, const float *x, int6
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+PL_TARGET_AVX2 static float dot_f16_avx2(const float *q, const uint16_t *k, int64_t n) {
+    return vec_dot_f16_avx2(k, q, n);
+}
+
+PL_TARGET_AVX2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_f16(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * pl_f16_to_f32(x[i]);
+}
+
 PL_TARGET_AVX2 static void bf16_to_f32_avx2(const void *src, float *dst, int64_t n) {
     const uint16_t *s = src;
     int64_t i = 0;
@@ -183,6 +195,8 @@ int pl_install_simd_avx2(void) {
     pl_vec.swiglu = swiglu_avx2;
     pl_vec.geglu = geglu_avx2;
     pl_vec.gelu = gelu_avx2;
+    pl_vec.dot_f16 = dot_f16_avx2;
+    pl_vec.axpy_f16 = axpy_f16_avx2;
     return 1;
 }
 

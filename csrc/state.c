@@ -47,15 +47,16 @@ static void measure(const pl_tensor *w, void *arg) {
 
 void pl_state_free(pl_state *s) {
     if (!s) return;
-    float *bufs[] = {s->k_cache, s->v_cache, s->rope_cos, s->rope_sin, s->x, s->xn, s->q, s->pos_row,
+    void *bufs[] = {s->k_cache, s->v_cache, s->kv_wide, s->rope_cos, s->rope_sin, s->x, s->xn, s->q, s->pos_row,
                      s->att, s->tmp, s->gate, s->up, s->scores, s->mm.wtile, s->kstage, s->vstage};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free_aligned(bufs[i]);
     free_aligned(s->mm.xq);
     free(s);
 }
 
-pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threads) {
+pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threads, int kv_type) {
     if (n_ctx < 1 || n_batch < 1 || n_threads < 1) return NULL;
+    if (kv_type != PL_TYPE_F32 && kv_type != PL_TYPE_F16) return NULL;
     if (m->pos_embd.data && n_ctx > m->n_positions) return NULL; /* no position past the table */
     if (n_batch > n_ctx) n_batch = n_ctx;
     pl_state *s = calloc(1, sizeof *s);
@@ -64,9 +65,11 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
     s->n_batch = n_batch;
     s->n_threads = n_threads;
     s->kv_dim = m->n_kv_heads * m->head_dim;
+    s->kv_type = kv_type;
     size_t f = sizeof(float), half = (size_t)m->n_rot / 2, qd = (size_t)m->n_heads * m->head_dim;
     size_t n_ropes = m->n_rot ? (size_t)m->n_ropes : 0;
-    size_t cache = (size_t)m->n_layers * n_ctx * s->kv_dim * f;
+    size_t cache = (size_t)m->n_layers * n_ctx * s->kv_dim * (size_t)pl_traits(kv_type)->type_size;
+    s->cache_bytes = (int64_t)cache;
     s->k_cache = alloc_aligned(cache);
     s->v_cache = alloc_aligned(cache);
     s->rope_cos = alloc_aligned(n_ropes * n_ctx * half * f);
@@ -89,6 +92,10 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
     s->mm.xq = alloc_aligned((size_t)(PL_MATMUL_MAX_OUTS * s->mm.xq_region));
     s->mm.sgemm = m->sgemm;
     s->mm.per_thread_blas = m->blas.set_threads && m->blas.get_threads;
+    if (m->sgemm && kv_type != PL_TYPE_F32) {
+        s->kv_wide = alloc_aligned((size_t)n_threads * 2 * n_ctx * m->head_dim * f);
+        if (!s->kv_wide) goto fail;
+    }
     if (m->sgemm && need.any_converted) {
         /* 1 MB per thread: a tile stays in cache between being widened and multiplied. */
         s->mm.tile_floats = need.max_cols > (1 << 18) ? need.max_cols : (1 << 18);
@@ -119,6 +126,8 @@ fail:
 
 int pl_state_pos(const pl_state *s) { return s->pos; }
 int pl_state_n_ctx(const pl_state *s) { return s->n_ctx; }
+
+int64_t pl_state_cache_bytes(const pl_state *s) { return 2 * s->cache_bytes; }
 
 int pl_state_truncate(pl_state *s, int pos) {
     if (pos < 0 || pos > s->pos) return -1;

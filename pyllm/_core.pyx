@@ -4,7 +4,7 @@
 Everything that reaches C here has been validated by the Python layer (formats/, arch/): addresses
 point inside live mmaps or numpy arrays that the objects below keep referenced.
 """
-from libc.stdint cimport int32_t, int64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint16_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
@@ -31,6 +31,8 @@ cdef extern from "pyllm.h" nogil:
         void (*swiglu)(float *gate, const float *up, int n) noexcept nogil
         void (*geglu)(float *gate, const float *up, int n) noexcept nogil
         void (*gelu)(float *x, int n) noexcept nogil
+        float (*dot_f16)(const float *a, const uint16_t *b, int64_t n) noexcept nogil
+        void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n) noexcept nogil
     pl_vec_kernels pl_vec
     const pl_type_traits *pl_traits(int type)
     int64_t pl_row_size(int type, int64_t n)
@@ -95,7 +97,8 @@ cdef extern from "pyllm.h" nogil:
 
     ctypedef struct pl_state:
         pass
-    pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threads)
+    pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threads, int kv_type)
+    int64_t pl_state_cache_bytes(const pl_state *s)
     void pl_state_free(pl_state *s)
     int pl_state_pos(const pl_state *s)
     int pl_state_n_ctx(const pl_state *s)
@@ -265,6 +268,26 @@ def softmax(const float[::1] x):
     cdef float[::1] o = out
     if o.shape[0]:
         pl_vec.softmax(&o[0], <int>o.shape[0])
+    return out
+
+
+def dot_f16(const float[::1] q, const uint16_t[::1] k):
+    """q · k with k in f16 (as uint16 bits), the attention's kernel for an f16 cache."""
+    if q.shape[0] != k.shape[0]:
+        raise ValueError("q and k differ in length")
+    if q.shape[0] == 0:
+        return 0.0
+    return pl_vec.dot_f16(&q[0], &k[0], q.shape[0])
+
+
+def axpy_f16(const float[::1] y, float a, const uint16_t[::1] x):
+    """y + a·x with x in f16 (as uint16 bits), the attention's kernel for an f16 cache."""
+    if y.shape[0] != x.shape[0]:
+        raise ValueError("y and x differ in length")
+    out = np.array(y, dtype=np.float32)
+    cdef float[::1] o = out
+    if o.shape[0]:
+        pl_vec.axpy_f16(&o[0], a, &x[0], o.shape[0])
     return out
 
 
@@ -458,11 +481,13 @@ cdef class CoreModel:
     cdef readonly int n_threads
     cdef readonly tuple weight_types  # the types of every matrix, as bound
     cdef readonly frozenset slot_names  # the slots present in some layer or the model ("bq", "pos_embd", ...)
+    cdef public str kv_dtype  # the cache type of the sequences made for this model unless they name one
 
     def __cinit__(self, dict hparams, dict slots, list layers, list ropes, object keep, int threads,
                   bint use_blas=True, tuple blas_controls=(0, 0)):
         cdef list held = []
         self.keep = (keep, held)
+        self.kv_dtype = "f32"
         self.weight_types = tuple(sorted({int(v[0]) for k, v in slots.items()
                                           if _is_matrix(k)}))
         self.slot_names = frozenset(k.rpartition(".")[2] for k in slots)
@@ -551,20 +576,38 @@ def _is_matrix(key: str) -> bool:
     return key.rpartition(".")[2] in _MATRIX_SLOTS
 
 
+KV_DTYPES = {"f32": 0, "f16": 1}  # the cache's element type → its pl_type
+
+
+def check_kv_dtype(kv_dtype) -> str:
+    """kv_dtype if it names a cache type pyllm has, else a ValueError naming kv_dtype."""
+    if not isinstance(kv_dtype, str) or kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {', '.join(map(repr, KV_DTYPES))}, not {kv_dtype!r}")
+    return kv_dtype
+
+
 cdef class CoreSequence:
-    """A KV cache and the buffers for one sequence of up to n_ctx tokens."""
+    """A KV cache and the buffers for one sequence of up to n_ctx tokens; kv_dtype is the cache's
+    element type ("f32", or "f16" at half the bytes), by default the model's."""
     cdef pl_state *s
     cdef CoreModel model
     cdef readonly int n_ctx, n_batch
+    cdef readonly str kv_dtype
     cdef readonly long long tokens_processed  # every token ever fed through forward
 
-    def __cinit__(self, CoreModel model, int n_ctx, int n_batch=512):
+    def __cinit__(self, CoreModel model, int n_ctx, int n_batch=512, kv_dtype=None):
         self.model = model
-        self.s = pl_state_create(&model.m, n_ctx, n_batch, model.n_threads)
+        self.kv_dtype = check_kv_dtype(model.kv_dtype if kv_dtype is None else kv_dtype)
+        self.s = pl_state_create(&model.m, n_ctx, n_batch, model.n_threads, KV_DTYPES[self.kv_dtype])
         if self.s == NULL:
             raise MemoryError(f"could not allocate a sequence of {n_ctx} tokens")
         self.n_ctx = n_ctx
         self.n_batch = min(n_batch, n_ctx)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of the K and V caches together."""
+        return pl_state_cache_bytes(self.s)
 
     def __dealloc__(self):
         if self.s != NULL:
@@ -737,11 +780,11 @@ cdef extern from "kernels.h" nogil:
     ctypedef struct pl_probs_out:
         float *data
         int row0, n_rows, n_keys
-    void pl_attention(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
+    void pl_attention(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
                       int pos0, int n, int window, float *out, float *scores, const pl_probs_out *probs,
                       int ith, int nth)
-    void pl_attention_blas(const pl_model *m, const float *q, const float *k_cache, const float *v_cache,
-                           int pos0, int n, int window, float *out, float *scores, pl_sgemm_fn sgemm,
+    void pl_attention_blas(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
+                           int pos0, int n, int window, float *out, float *scores, float *kv_wide, pl_sgemm_fn sgemm,
                            const pl_probs_out *probs, int ith, int nth)
     enum: PL_ATTN_QBLOCK
 
@@ -827,10 +870,10 @@ cdef struct _attention_job:
 cdef void _attention_task(void *arg, int ith, int nth) noexcept nogil:
     cdef _attention_job *j = <_attention_job *>arg
     if j.blas:
-        pl_attention_blas(j.m, j.q, j.k, j.v, j.pos0, j.n, j.window, j.out,
-                          j.scores + ith * j.scores_per_thread, j.sgemm, j.probs, ith, nth)
+        pl_attention_blas(j.m, j.q, j.k, j.v, 0, j.pos0, j.n, j.window, j.out,
+                          j.scores + ith * j.scores_per_thread, NULL, j.sgemm, j.probs, ith, nth)
     else:
-        pl_attention(j.m, j.q, j.k, j.v, j.pos0, j.n, j.window, j.out,
+        pl_attention(j.m, j.q, j.k, j.v, 0, j.pos0, j.n, j.window, j.out,
                      j.scores + ith * j.scores_per_thread, j.probs, ith, nth)
 
 

@@ -52,7 +52,10 @@ class Model:
     """A language model ready to run. Build one with pyllm.load()."""
 
     def __init__(self, core: _core.CoreModel, spec: ModelSpec, tokenizer: Tokenizer, n_ctx: int,
-                 source: str, eos_ids: set[int], weights: dict | None = None, parallel: int = 4):
+                 source: str, eos_ids: set[int], weights: dict | None = None, parallel: int = 4,
+                 kv_dtype: str = "f32"):
+        # every CoreSequence made for this model (caches, the engine's, traces) takes its cache type
+        core.kv_dtype = _core.check_kv_dtype(kv_dtype)
         self.spec = spec
         self.weights = weights or {}  # tensor name -> WeightSummary, as stored in the file
         self.tokenizer = tokenizer
@@ -72,6 +75,11 @@ class Model:
     @property
     def n_ctx(self) -> int:
         return self._n_ctx
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV caches' element type: "f32" or "f16"."""
+        return self._core.kv_dtype
 
     @property
     def vocab_size(self) -> int:
@@ -532,7 +540,7 @@ def _load_gguf(path: str, threads: int, dtype):
 
 def load(source, *, threads: int | None = None, n_ctx: int | None = None,
          dtype: str | None = None, file: str | None = None, revision: str | None = None,
-         token: str | bool | None = None, parallel: int = 4) -> Model:
+         token: str | bool | None = None, parallel: int = 4, kv_dtype: str = "f32") -> Model:
     """Loads a model: a Hugging Face folder (config.json, *.safetensors, tokenizer.json), a .gguf
     file, an alias such as "smollm2" (fetched into the cache on first use), or a Hugging Face id
     such as "HuggingFaceTB/SmolLM2-135M-Instruct" (needs pyllm[hub]; taken from the HF cache when it
@@ -548,7 +556,9 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
     is refused with a ValueError (positions past it were never trained). dtype re-encodes every
     weight matrix at load, in C on all threads: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0",
     "q5_1", "q4_k", "q5_k", "q6_k" (k-quants fall back to q5_0/q5_1/q8_0 for rows that are not whole
-    256-blocks); norms stay f32. None keeps what the file holds.
+    256-blocks); norms stay f32. None keeps what the file holds. kv_dtype is the KV cache's element
+    type: "f32", or "f16" for half the memory and bandwidth at long contexts (keys and values
+    rounded to f16; tests/test_kv_cache.py states how far logits move).
 
     >>> llm = pyllm.load("smollm2")  # doctest: +SKIP
     >>> llm = pyllm.load("owner/Some-Model-GGUF", file="*Q4_K_M.gguf")  # doctest: +SKIP
@@ -558,6 +568,7 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
     if n_ctx is not None:
         _check_int("n_ctx", n_ctx, 1)
     _check_int("parallel", parallel, 1, MAX_PARALLEL)
+    _core.check_kv_dtype(kv_dtype)
     wtype = parse_dtype(dtype)
     path = hub.resolve(source, file=file, revision=revision, token=token)
     threads = int(threads) if threads is not None else default_threads()
@@ -576,4 +587,4 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
         raise ValueError(f"n_ctx {n_ctx} is more than the {spec.n_positions} positions the model has learned")
     if n_ctx > spec.max_seq_len:
         raise ValueError(f"n_ctx {n_ctx} is more than the model's context of {spec.max_seq_len} tokens")
-    return Model(core, spec, tokenizer, int(n_ctx), path, eos, weights, parallel=int(parallel))
+    return Model(core, spec, tokenizer, int(n_ctx), path, eos, weights, parallel=int(parallel), kv_dtype=kv_dtype)

@@ -582,10 +582,13 @@ static const int VEC_LENS[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 5
 static void check_vec(ctx_t *c) {
     const pl_vec_kernels *vs = &c->simd->v, *vr = &c->ref->v;
     float *a = malloc(VEC_CAP * 4), *b = malloc(VEC_CAP * 4), *got = malloc(VEC_CAP * 4), *ref = malloc(VEC_CAP * 4);
+    uint16_t *h = malloc(VEC_CAP * 2);
     double *tol = malloc(VEC_CAP * sizeof *tol);
     char what[64];
     stat_t *sd = stat_of("", "dot_f32", vs->dot_f32 != vr->dot_f32);
     stat_t *sa = stat_of("", "axpy_f32", vs->axpy_f32 != vr->axpy_f32);
+    stat_t *sdh = stat_of("", "dot_f16", vs->dot_f16 != vr->dot_f16);
+    stat_t *sah = stat_of("", "axpy_f16", vs->axpy_f16 != vr->axpy_f16);
     stat_t *ss = stat_of("", "softmax", vs->softmax != vr->softmax);
     stat_t *sw = stat_of("", "swiglu", vs->swiglu != vr->swiglu);
     stat_t *sg = stat_of("", "geglu", vs->geglu != vr->geglu);
@@ -624,6 +627,40 @@ static void check_vec(ctx_t *c) {
                 same_floats(sa, what, got, ref, n);
         }
 
+        /* dot_f16 and axpy_f16 (an f16 KV cache's keys and values): the f32 kernels' tolerances,
+         * the f16 operand widened exactly; their own random stream leaves the others' data as it was */
+        rng_t r16 = {0x16f16 + (uint64_t)n};
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < n; i++) {
+                a[i] = pass ? normal(&r16) : (float)randint(&r16, -4, 4);
+                h[i] = pl_f32_to_f16(pass ? normal(&r16) : (float)randint(&r16, -4, 4));
+            }
+            if (pass && n > 1000) break;
+            double want = 0;
+            for (int i = 0; i < n; i++) want += (double)a[i] * pl_f16_to_f32(h[i]);
+            float g1 = vs->dot_f16(a, h, n), r1 = vr->dot_f16(a, h, n);
+            snprintf(what, sizeof what, "n=%d, %s", n, pass ? "gaussian" : "small integers");
+            if (pass)
+                close_floats(sdh, what, &g1, &r1, NULL, fmax(1e-5 * fabs(want), 1e-4), 1);
+            else
+                same_floats(sdh, what, &g1, &r1, 1);
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            float alpha = pass ? normal(&r16) : (float)randint(&r16, -4, 4);
+            for (int i = 0; i < n; i++) {
+                h[i] = pl_f32_to_f16(pass ? normal(&r16) : (float)randint(&r16, -4, 4));
+                got[i] = ref[i] = pass ? normal(&r16) : (float)randint(&r16, -4, 4);
+                tol[i] = ldexp(fabs((double)alpha * pl_f16_to_f32(h[i])) + fabs(got[i]), -22);
+            }
+            vs->axpy_f16(got, alpha, h, n);
+            vr->axpy_f16(ref, alpha, h, n);
+            snprintf(what, sizeof what, "n=%d, %s", n, pass ? "gaussian" : "small integers");
+            if (pass)
+                close_floats(sah, what, got, ref, tol, 0, n);
+            else
+                same_floats(sah, what, got, ref, n);
+        }
+
         /* softmax of x·20 (test_kernels.py): rtol 2e-6, atol 1e-9 against float64 */
         gaussian(a, n, &c->rng);
         for (int i = 0; i < n; i++) got[i] = ref[i] = a[i] * 20.0f;
@@ -658,6 +695,7 @@ static void check_vec(ctx_t *c) {
     free(b);
     free(got);
     free(ref);
+    free(h);
     free(tol);
 }
 
