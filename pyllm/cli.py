@@ -50,6 +50,7 @@ def load_model(args: argparse.Namespace, **settings):
 
     settings.setdefault("threads", args.threads)
     settings.setdefault("n_ctx", getattr(args, "n_ctx", None))
+    settings.setdefault("kv_dtype", getattr(args, "kv_dtype", "f32"))
     return load(args.model, file=args.file, revision=args.revision, **settings)
 
 
@@ -172,7 +173,7 @@ def _serve(args: argparse.Namespace) -> int:
     llm = load_model(args, parallel=args.parallel)
     api_key = args.api_key if args.api_key is not None else os.environ.get("PYLLM_API_KEY") or None
     print(f"pyllm serve: {llm.source} on http://{args.host}:{args.port}/v1 ({args.parallel} slots, "
-          f"n_ctx {llm.n_ctx}, {llm.threads} threads{', API key required' if api_key else ''})",
+          f"n_ctx {llm.n_ctx}, {llm.kv_dtype} KV cache, {llm.threads} threads{', API key required' if api_key else ''})",
           file=sys.stderr, flush=True)
     server.serve(llm, args.model, host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
                  log_level=args.log_level)
@@ -263,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--n-ctx", type=_count, default=None,
                        help="context length to allocate (default: the model's, at most 4096)")
 
+    def kv_dtype_arg(p):
+        p.add_argument("--kv-dtype", choices=["f32", "f16"], default="f32",
+                       help="the KV cache's element type: f16 halves its memory and bandwidth (long contexts)")
+
     def sampling_args(p, max_tokens):
         p.add_argument("--max-tokens", type=_count, default=max_tokens)
         p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
@@ -277,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("prompt", help="the text to continue")
     sampling_args(run, 128)
     run.add_argument("--stop", action="append", help="stop before this text (repeatable)")
+    kv_dtype_arg(run)
     run.set_defaults(func=_run)
 
     chat = sub.add_parser("chat", help="talk to a chat model")
@@ -285,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--system", default=None, help="a system prompt")
     chat.add_argument("--chat-template", metavar="FILE", default=None,
                       help="a Jinja chat template, for a model without one (or to replace its own)")
+    kv_dtype_arg(chat)
     chat.set_defaults(func=_chat)
 
     serve = sub.add_parser("serve", help="serve a model over OpenAI's HTTP API (needs pyllm[server])")
@@ -299,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--api-key", default=None,
                        help="require Authorization: Bearer KEY (default: $PYLLM_API_KEY, else none)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    kv_dtype_arg(serve)
     serve.set_defaults(func=_serve)
 
     info = sub.add_parser("info", help="describe a model")

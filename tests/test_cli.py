@@ -34,6 +34,15 @@ def test_run_prints_the_greedy_continuation(tiny_folder):
     assert out.stdout == expected + "\n"
 
 
+def test_run_with_an_f16_kv_cache(tiny_folder):
+    expected = pyllm.load(tiny_folder, kv_dtype="f16").generate("the license", max_tokens=12).text
+    out = pyllm_cmd("run", tiny_folder, "the license", "--max-tokens", "12", "--kv-dtype", "f16")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == expected + "\n"
+    bad = pyllm_cmd("run", tiny_folder, "x", "--kv-dtype", "q3")
+    assert bad.returncode == 2 and "--kv-dtype" in bad.stderr
+
+
 def test_run_with_sampling_flags_and_stop(tiny_folder):
     args = ["run", tiny_folder, "the license", "--max-tokens", "20", "--temperature", "0.8",
             "--top-k", "20", "--top-p", "0.9", "--min-p", "0.01", "--seed", "7"]
