@@ -9,20 +9,149 @@ static void copy_probs(const pl_probs_out *probs, int h, int t, int first, const
     memcpy(dst, p, (size_t)len * sizeof *p);
 }
 
-/* For token t of the batch (absolute position pos0 + t) and query head h:
+/* Queries that read the same K/V rows go through the multi-query kernels together: up to
+ * ATTN_TOKENS consecutive tokens times the heads of a KV group, ATTN_MAX_Q at most (the registers
+ * and L1 gain nothing from more; each needs a row of scores). */
+#define ATTN_TOKENS 4
+#define ATTN_MAX_Q 16
+
+int64_t pl_attention_scores_floats(const pl_model *m, int n_ctx, int sgemm) {
+    int group = m->n_heads / m->n_kv_heads;
+    int heads = group < ATTN_MAX_Q ? group : ATTN_MAX_Q;
+    int tokens = ATTN_MAX_Q / heads < ATTN_TOKENS ? ATTN_MAX_Q / heads : ATTN_TOKENS;
+    int64_t rows = (int64_t)heads * tokens;
+    if (sgemm && rows < PL_ATTN_QBLOCK) rows = PL_ATTN_QBLOCK;
+    return rows * n_ctx;
+}
+
+/* One item of work: tokens [t0, t0 + nt) of the batch × query heads [h0, h0 + nh), one KV head's. */
+typedef struct {
+    int t0, nt, h0, nh;
+} attn_item;
+
+/* How the batch is cut into items: tb tokens × hq heads each, blocks of tokens outermost. */
+typedef struct {
+    int tb, hq, chunks, n_kv, n_items;
+} attn_split;
+
+static attn_item item_at(const attn_split *sp, int n, int group, int i) {
+    int c = i % sp->chunks, g = i / sp->chunks % sp->n_kv, b = i / sp->chunks / sp->n_kv;
+    attn_item it = {b * sp->tb, n - b * sp->tb < sp->tb ? n - b * sp->tb : sp->tb, g * group + c * sp->hq, 0};
+    it.nh = group - c * sp->hq < sp->hq ? group - c * sp->hq : sp->hq;
+    return it;
+}
+
+/* The keys query t of the batch sees: [lo, p], p = pos0 + t. */
+static int window_lo(int p, int window) { return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0; }
+
+/* Work of an item, in key reads: later tokens see more keys. The constant stands for a query's
+ * softmax and setup. */
+static int64_t item_cost(const attn_item *it, int pos0, int window) {
+    int64_t keys = 0;
+    for (int t = it->t0; t < it->t0 + it->nt; t++) keys += pos0 + t - window_lo(pos0 + t, window) + 1 + 16;
+    return keys * it->nh;
+}
+
+/* The largest items the scores scratch holds (each query a row over the keys the block sees), then
+ * smaller ones while there are fewer than two per thread, so that the threads can be balanced. */
+static attn_split split_batch(const pl_model *m, int pos0, int n, int window, int64_t n_scores, int nth) {
+    const int group = m->n_heads / m->n_kv_heads;
+    int64_t span = window > 0 && window + ATTN_TOKENS - 1 < pos0 + n ? window + ATTN_TOKENS - 1 : pos0 + n;
+    int64_t rows = n_scores / span;
+    if (rows > ATTN_MAX_Q) rows = ATTN_MAX_Q;
+    if (rows < 1) rows = 1; /* the caller's scratch holds one query's keys at least */
+    attn_split sp = {0, group < rows ? group : (int)rows, 0, m->n_kv_heads, 0};
+    sp.tb = rows / sp.hq < ATTN_TOKENS ? (int)(rows / sp.hq) : ATTN_TOKENS;
+    if (sp.tb > n) sp.tb = n;
+    for (;;) {
+        sp.chunks = (group + sp.hq - 1) / sp.hq;
+        sp.n_items = (n + sp.tb - 1) / sp.tb * sp.n_kv * sp.chunks;
+        if (sp.n_items >= 2 * nth) break;
+        if (sp.tb > 1) sp.tb--;
+        else if (sp.hq > 1) sp.hq--;
+        else break;
+    }
+    return sp;
+}
+
+/* Scores, softmax and weighted sum of one item's queries (token-major: query i is token t0 + i / nh,
+ * head h0 + i % nh), every query's operations those of pl_attention_per_query. */
+static void attend_item(const pl_model *m, const attn_item *it, const float *q, const void *k_cache,
+                        const void *v_cache, int kv_type, int pos0, int window, float *out, float *scores,
+                        const pl_probs_out *probs) {
+    const int hd = m->head_dim, qd = m->n_heads * hd, kv_dim = m->n_kv_heads * hd;
+    const int group = m->n_heads / m->n_kv_heads;
+    const int nq = it->nt * it->nh;
+    const int j0 = window_lo(pos0 + it->t0, window), span = pos0 + it->t0 + it->nt - j0; /* keys [j0, j0 + span) */
+    const int64_t at = (int64_t)j0 * kv_dim + (int64_t)(it->h0 / group) * hd;
+    const float *qs[ATTN_MAX_Q] = {0};
+    float *ys[ATTN_MAX_Q] = {0};
+    int first[ATTN_MAX_Q], end[ATTN_MAX_Q];
+    for (int i = 0; i < nq; i++) {
+        int t = it->t0 + i / it->nh, h = it->h0 + i % it->nh;
+        qs[i] = q + (int64_t)t * qd + (int64_t)h * hd;
+        ys[i] = out + (int64_t)t * qd + (int64_t)h * hd;
+        first[i] = window_lo(pos0 + t, window) - j0, end[i] = pos0 + t - j0 + 1;
+    }
+    /* every query's dots with every key of the block; each uses its own [first, end) */
+    if (kv_type == PL_TYPE_F16)
+        pl_vec.dot_f16_qk(qs, nq, (const uint16_t *)k_cache + at, kv_dim, span, hd, scores, span);
+    else
+        pl_vec.dot_f32_qk(qs, nq, (const float *)k_cache + at, kv_dim, span, hd, scores, span);
+    for (int i = 0; i < nq; i++) {
+        float *row = scores + (int64_t)i * span + first[i];
+        int len = end[i] - first[i];
+        for (int j = 0; j < len; j++) row[j] = m->attn_scale * row[j];
+        if (m->attn_softcap > 0) pl_softcap(row, len, m->attn_softcap);
+        pl_softmax(row, len);
+        if (probs) copy_probs(probs, it->h0 + i % it->nh, it->t0 + i / it->nh, j0 + first[i], row, len);
+        for (int e = 0; e < hd; e++) ys[i][e] = 0.0f;
+    }
+    if (kv_type == PL_TYPE_F16)
+        pl_vec.axpy_f16_qk(ys, nq, scores, span, first, end, (const uint16_t *)v_cache + at, kv_dim, hd);
+    else
+        pl_vec.axpy_f32_qk(ys, nq, scores, span, first, end, (const float *)v_cache + at, kv_dim, hd);
+}
+
+/* Items are cut by split_batch and dealt in order as contiguous runs of about equal cost: each
+ * thread an item's share by where the middle of its cost falls. */
+void pl_attention(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
+                  int pos0, int n, int window, float *out, float *scores, int64_t n_scores,
+                  const pl_probs_out *probs, int ith, int nth) {
+    const int group = m->n_heads / m->n_kv_heads;
+    attn_split sp = split_batch(m, pos0, n, window, n_scores, nth);
+    int64_t total = 0;
+    for (int i = 0; i < sp.n_items; i++) {
+        attn_item it = item_at(&sp, n, group, i);
+        total += item_cost(&it, pos0, window);
+    }
+    int64_t before = 0;
+    for (int i = 0; i < sp.n_items; i++) {
+        attn_item it = item_at(&sp, n, group, i);
+        int64_t cost = item_cost(&it, pos0, window);
+        int64_t owner = (2 * before + cost) * nth / (2 * total);
+        before += cost;
+        if (owner == ith || (owner >= nth && ith == nth - 1))
+            attend_item(m, &it, q, k_cache, v_cache, kv_type, pos0, window, out, scores, probs);
+    }
+}
+
+/* The reference pl_attention is tested against, bit for bit: one query at a time, each score one
+ * dot_f32 / dot_f16 call, the output one axpy per key in key order. For token t of the batch
+ * (absolute position p = pos0 + t) and query head h:
  *   out[t, h] = softmax(scale · q[t, h] · K[j]ᵀ for j in the window) · V[j]
  * where the window is (p - W, p] with W = window, or [0, p] when window is 0, and K/V are the
- * head's KV group. With a soft-cap, scores become cap·tanh(score / cap) before the softmax. (t, h) pairs are dealt round-robin to the threads: later tokens cost more. */
-void pl_attention(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
-                  int pos0, int n, int window, float *out, float *scores, const pl_probs_out *probs,
-                  int ith, int nth) {
+ * head's KV group. With a soft-cap, scores become cap·tanh(score / cap) before the softmax. */
+void pl_attention_per_query(const pl_model *m, const float *q, const void *k_cache, const void *v_cache,
+                            int kv_type, int pos0, int n, int window, float *out, float *scores,
+                            const pl_probs_out *probs, int ith, int nth) {
     const int hd = m->head_dim, n_heads = m->n_heads;
     const int kv_dim = m->n_kv_heads * hd;
     const int group = n_heads / m->n_kv_heads;
     for (int item = ith; item < n * n_heads; item += nth) {
         int t = item / n_heads, h = item % n_heads;
         int p = pos0 + t;
-        int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+        int lo = window_lo(p, window);
         const float *qh = q + (int64_t)t * n_heads * hd + (int64_t)h * hd;
         const int64_t head = (int64_t)(h / group) * hd;
         int len = p - lo + 1;

@@ -111,6 +111,11 @@ void pl_axpy_f16_scalar(float *y, float a, const uint16_t *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * pl_f16_to_f32(x[i]);
 }
 
+PL_DOT_QK_FROM(dot_f32_qk, , float, pl_dot_f32_scalar)
+PL_AXPY_QK_FROM(axpy_f32_qk, , float, pl_axpy_f32_scalar)
+PL_DOT_QK_FROM(dot_f16_qk, , uint16_t, pl_dot_f16_scalar)
+PL_AXPY_QK_FROM(axpy_f16_qk, , uint16_t, pl_axpy_f16_scalar)
+
 static void f32_to_f32(const void *src, float *dst, int64_t n) { memcpy(dst, src, (size_t)n * 4); }
 static void f32_from_f32(const float *src, void *dst, int64_t n) { memcpy(dst, src, (size_t)n * 4); }
 
@@ -153,7 +158,8 @@ static float dot_bf16(const void *w, const void *x, int64_t n) {
 }
 
 pl_vec_kernels pl_vec = {pl_dot_f32_scalar, pl_axpy_f32_scalar, pl_softmax_scalar, pl_swiglu_scalar,
-                         pl_geglu_scalar,   pl_gelu_scalar,     pl_dot_f16_scalar, pl_axpy_f16_scalar};
+                         pl_geglu_scalar,   pl_gelu_scalar,     pl_dot_f16_scalar, pl_axpy_f16_scalar,
+                         dot_f32_qk,        axpy_f32_qk,        dot_f16_qk,        axpy_f16_qk};
 
 /* Installs the scalar float kernels, then lets the chosen ISA's file replace what it speeds up. */
 void pl_install_type_kernels(int isa) {
@@ -169,6 +175,10 @@ void pl_install_type_kernels(int isa) {
     pl_vec.gelu = pl_gelu_scalar;
     pl_vec.dot_f16 = pl_dot_f16_scalar;
     pl_vec.axpy_f16 = pl_axpy_f16_scalar;
+    pl_vec.dot_f32_qk = dot_f32_qk;
+    pl_vec.axpy_f32_qk = axpy_f32_qk;
+    pl_vec.dot_f16_qk = dot_f16_qk;
+    pl_vec.axpy_f16_qk = axpy_f16_qk;
     /* An AVX-512 CPU runs the AVX2 kernels that have no wider variant. */
     if (isa == PL_ISA_AVX2 || isa == PL_ISA_AVX512) pl_install_simd_avx2();
     if (isa == PL_ISA_AVX512) pl_install_simd_avx512();

@@ -133,16 +133,21 @@ static void position_heads(const forward_args *a, const pl_layer *L, int l, floa
     }
 }
 
+/* Floats of s->scores each thread owns, as state.c sizes them. */
+static int64_t scores_per_thread(const pl_model *m, const pl_state *s) {
+    return pl_attention_scores_floats(m, s->n_ctx, s->mm.sgemm != NULL);
+}
+
 /* Attention of a batched step: each row over its own sequence's cache, one row at a time (the
  * heads of a row are dealt to the threads). */
 static void attention_per_sequence(const forward_args *a, const pl_layer *L, int l, int ith, int nth) {
     const pl_model *m = a->m;
     pl_state *s = a->s;
-    const int64_t qd = (int64_t)m->n_heads * m->head_dim;
+    const int64_t qd = (int64_t)m->n_heads * m->head_dim, per = scores_per_thread(m, s);
     for (int t = 0; t < a->n; t++) {
         const pl_state *seq = seq_of(a, t);
         pl_attention(m, s->q + t * qd, cache_at(seq, 0, l, 0), cache_at(seq, 1, l, 0), seq->kv_type, seq->pos, 1,
-                     L->sliding_window, s->att + t * qd, s->scores + (int64_t)ith * s->n_ctx, NULL, ith, nth);
+                     L->sliding_window, s->att + t * qd, s->scores + ith * per, per, NULL, ith, nth);
     }
 }
 
@@ -184,12 +189,12 @@ static void layer(const forward_args *a, const pl_layer *L, int l, float *const 
         attention_per_sequence(a, L, l, ith, nth);
     else if (s->mm.sgemm && s->mm.per_thread_blas && a->batch >= PL_BLAS_MIN_TOKENS)
         pl_attention_blas(m, s->q, kc, vc, s->kv_type, pos0, n, L->sliding_window, s->att,
-                          s->scores + (int64_t)ith * PL_ATTN_QBLOCK * s->n_ctx,
+                          s->scores + ith * scores_per_thread(m, s),
                           s->kv_wide ? s->kv_wide + (int64_t)ith * 2 * s->n_ctx * m->head_dim : NULL, s->mm.sgemm,
                           probs, ith, nth);
     else
         pl_attention(m, s->q, kc, vc, s->kv_type, pos0, n, L->sliding_window, s->att,
-                     s->scores + (int64_t)ith * s->n_ctx, probs, ith, nth);
+                     s->scores + ith * scores_per_thread(m, s), scores_per_thread(m, s), probs, ith, nth);
     pl_barrier(pool);
 
     pl_matmul_out o[1] = {{&L->wo, s->tmp, dim, L->bo}};

@@ -34,6 +34,31 @@ void pl_axpy_f32_scalar(float *y, float a, const float *x, int64_t n);
 float pl_dot_f16_scalar(const float *a, const uint16_t *b, int64_t n);
 void pl_axpy_f16_scalar(float *y, float a, const uint16_t *x, int64_t n);
 
+/* pl_vec's multi-query attention kernels made of an ISA's single ones, called in an order that
+ * keeps a block of K rows (8 keys) or V rows (PL_QK_ROWS) in L1 while every query uses it: each
+ * result is the single kernel's own, so bit for bit. An ISA with faster ones (simd_avx2.c) writes
+ * its own. */
+#define PL_QK_ROWS 64
+#define PL_DOT_QK_FROM(NAME, ATTR, KT, DOT)                                                            \
+    ATTR static void NAME(const float *const *qs, int nq, const KT *k, int64_t ldk, int nk, int64_t n, \
+                          float *out, int64_t ldo) {                                                  \
+        for (int j0 = 0; j0 < nk; j0 += 8)                                                             \
+            for (int i = 0; i < nq; i++)                                                               \
+                for (int j = j0; j < nk && j < j0 + 8; j++) out[i * ldo + j] = DOT(qs[i], k + j * ldk, n); \
+    }
+#define PL_AXPY_QK_FROM(NAME, ATTR, XT, AXPY)                                                          \
+    ATTR static void NAME(float *const *ys, int nq, const float *ws, int64_t ldw, const int *first,   \
+                          const int *end, const XT *x, int64_t ldx, int64_t n) {                       \
+        int last = 0;                                                                                  \
+        for (int i = 0; i < nq; i++) last = end[i] > last ? end[i] : last;                             \
+        for (int r0 = 0; r0 < last; r0 += PL_QK_ROWS)                                                  \
+            for (int i = 0; i < nq; i++) {                                                             \
+                int lo = first[i] > r0 ? first[i] : r0;                                                \
+                int hi = end[i] < r0 + PL_QK_ROWS ? end[i] : r0 + PL_QK_ROWS;                          \
+                for (int j = lo; j < hi; j++) AXPY(ys[i], ws[i * ldw + j], x + j * ldx, n);            \
+            }                                                                                          \
+    }
+
 /* Per-ISA installers of the f32/f16/bf16 kernels: each returns 0 where not compiled in. */
 int pl_install_simd_avx2(void);
 int pl_install_simd_avx512(void);
@@ -63,10 +88,21 @@ typedef struct {
 } pl_probs_out;
 
 /* Causal GQA attention of n queries at positions pos0.. over a layer's cache, whose elements are
- * kv_type (PL_TYPE_F32 or PL_TYPE_F16). */
+ * kv_type (PL_TYPE_F32 or PL_TYPE_F16): for token t of the batch (position p = pos0 + t) and query
+ * head h, out[t, h] = softmax(scale · q[t, h] · K[j]ᵀ for j in the window) · V[j], the window
+ * (p - window, p] or [0, p] when window is 0, scores soft-capped first where the model caps them.
+ * The thread's scores hold n_scores floats, at least pos0 + n; up to pl_attention_scores_floats
+ * lets it batch queries. Every query's result is bit for bit pl_attention_per_query's, whatever
+ * n, pos0, n_scores and the thread count: a position's numbers do not depend on the batch. */
 void pl_attention(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
-                  int pos0, int n, int window, float *out, float *scores, const pl_probs_out *probs,
-                  int ith, int nth);
+                  int pos0, int n, int window, float *out, float *scores, int64_t n_scores,
+                  const pl_probs_out *probs, int ith, int nth);
+/* Floats of scores per thread that pl_attention uses in full (and, with sgemm, pl_attention_blas). */
+int64_t pl_attention_scores_floats(const pl_model *m, int n_ctx, int sgemm);
+/* The one-query-at-a-time reference of pl_attention (scores: pos0 + n floats). */
+void pl_attention_per_query(const pl_model *m, const float *q, const void *k_cache, const void *v_cache,
+                            int kv_type, int pos0, int n, int window, float *out, float *scores,
+                            const pl_probs_out *probs, int ith, int nth);
 
 /* The same for a prefill batch through sgemm; scores holds PL_ATTN_QBLOCK × n_ctx floats. An f16
  * cache's rows are widened first into kv_wide, 2 × n_ctx × head_dim floats (NULL for f32). */

@@ -94,6 +94,19 @@ typedef struct {
     void (*gelu)(float *x, int n);                                /* x = gelu_tanh(x) */
     float (*dot_f16)(const float *a, const uint16_t *b, int64_t n);  /* an f32 query · an f16 key */
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n); /* y += a·x, x in f16 */
+    /* Several queries against several keys, for attention: queries that share K/V rows (the heads
+     * of a KV group, consecutive tokens) read each row once. Every result is bit for bit what the
+     * single kernel above gives for it: out[i·ldo + j] = dot_f32(qs[i], k + j·ldk, n) for i < nq,
+     * j < nk; and ys[i] gets axpy_f32(ys[i], ws[i·ldw + j], x + j·ldx, n) for j = first[i] ..
+     * end[i] - 1 in that order. The _f16 pair: the same with dot_f16 / axpy_f16. */
+    void (*dot_f32_qk)(const float *const *qs, int nq, const float *k, int64_t ldk, int nk, int64_t n,
+                       float *out, int64_t ldo);
+    void (*axpy_f32_qk)(float *const *ys, int nq, const float *ws, int64_t ldw, const int *first,
+                        const int *end, const float *x, int64_t ldx, int64_t n);
+    void (*dot_f16_qk)(const float *const *qs, int nq, const uint16_t *k, int64_t ldk, int nk, int64_t n,
+                       float *out, int64_t ldo);
+    void (*axpy_f16_qk)(float *const *ys, int nq, const float *ws, int64_t ldw, const int *first,
+                        const int *end, const uint16_t *x, int64_t ldx, int64_t n);
 } pl_vec_kernels;
 extern pl_vec_kernels pl_vec;
 

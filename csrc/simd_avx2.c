@@ -34,11 +34,20 @@ PL_TARGET_AVX2 static inline __m256 load_f16(const uint16_t *p) {
     }                                                                                 \
     for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(LOAD_W(a + i), _mm256_loadu_ps(b + i), acc0);
 
-PL_TARGET_AVX2 static float dot_f32_avx2(const float *a, const float *b, int64_t n) {
+/* A dot product is hsum256 of its lanes, then the scalar tail past the last multiple of 8; the
+ * single and the multi-key kernels below share these, so they do the same operations. */
+PL_TARGET_AVX2 static inline __m256 dot_f32_lanes(const float *a, const float *b, int64_t n) {
     DOT_BODY(_mm256_loadu_ps)
-    float s = hsum256(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-    for (; i < n; i++) s += a[i] * b[i];
+    return _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
+}
+
+PL_TARGET_AVX2 static inline float dot_f32_tail(float s, const float *a, const float *b, int64_t n) {
+    for (int64_t i = n & ~(int64_t)7; i < n; i++) s += a[i] * b[i];
     return s;
+}
+
+PL_TARGET_AVX2 static float dot_f32_avx2(const float *a, const float *b, int64_t n) {
+    return dot_f32_tail(hsum256(dot_f32_lanes(a, b, n)), a, b, n);
 }
 
 PL_TARGET_AVX2 static float vec_dot_f32_avx2(const void *w, const void *x, int64_t n) {
@@ -54,13 +63,18 @@ PL_TARGET_AVX2 static float vec_dot_bf16_avx2(const void *w, const void *x, int6
     return s;
 }
 
-PL_TARGET_AVX2 static float vec_dot_f16_avx2(const void *w, const void *x, int64_t n) {
-    const uint16_t *a = w;
-    const float *b = x;
+PL_TARGET_AVX2 static inline __m256 dot_f16_lanes(const uint16_t *a, const float *b, int64_t n) {
     DOT_BODY(load_f16)
-    float s = hsum256(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-    for (; i < n; i++) s += pl_f16_to_f32(a[i]) * b[i];
+    return _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
+}
+
+PL_TARGET_AVX2 static inline float dot_f16_tail(float s, const uint16_t *a, const float *b, int64_t n) {
+    for (int64_t i = n & ~(int64_t)7; i < n; i++) s += pl_f16_to_f32(a[i]) * b[i];
     return s;
+}
+
+PL_TARGET_AVX2 static float vec_dot_f16_avx2(const void *w, const void *x, int64_t n) {
+    return dot_f16_tail(hsum256(dot_f16_lanes(w, x, n)), w, x, n);
 }
 
 PL_TARGET_AVX2 static void axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
@@ -82,6 +96,102 @@ PL_TARGET_AVX2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, i
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_f16(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += a * pl_f16_to_f32(x[i]);
 }
+
+/* ---------------------------------------------------------------- attention's multi-query kernels */
+
+/* hsum256 of eight vectors at once, [hsum256(v[0]), .., hsum256(v[7])] bit for bit: hsum256 adds
+ * lane l to l + 4, then 0 to 2 and 1 to 3, then those two; these are the same additions (a + b
+ * and b + a round alike), done for eight vectors by a transposition instead of one at a time. */
+PL_TARGET_AVX2 static inline __m256 hsum256x8(const __m256 *v) {
+    __m256 s04 = _mm256_add_ps(_mm256_permute2f128_ps(v[0], v[4], 0x20), _mm256_permute2f128_ps(v[0], v[4], 0x31));
+    __m256 s15 = _mm256_add_ps(_mm256_permute2f128_ps(v[1], v[5], 0x20), _mm256_permute2f128_ps(v[1], v[5], 0x31));
+    __m256 s26 = _mm256_add_ps(_mm256_permute2f128_ps(v[2], v[6], 0x20), _mm256_permute2f128_ps(v[2], v[6], 0x31));
+    __m256 s37 = _mm256_add_ps(_mm256_permute2f128_ps(v[3], v[7], 0x20), _mm256_permute2f128_ps(v[3], v[7], 0x31));
+    /* per 128-bit half: [s0[0] + s0[2], s0[1] + s0[3], s1[0] + s1[2], s1[1] + s1[3]] (4, 5 above) */
+    __m256 t0145 = _mm256_add_ps(_mm256_shuffle_ps(s04, s15, 0x44), _mm256_shuffle_ps(s04, s15, 0xee));
+    __m256 t2367 = _mm256_add_ps(_mm256_shuffle_ps(s26, s37, 0x44), _mm256_shuffle_ps(s26, s37, 0xee));
+    return _mm256_hadd_ps(t0145, t2367);
+}
+
+/* Eight keys at a time, each query's eight reductions transposed together (the reductions, not
+ * the loads, dominate 64-element dots); the keys past the last eight one at a time. */
+#define DOT_QK_AVX2(NAME, KT, LANES, TAIL, SINGLE)                                                        \
+    PL_TARGET_AVX2 static void NAME(const float *const *qs, int nq, const KT *k, int64_t ldk, int nk,    \
+                                    int64_t n, float *out, int64_t ldo) {                                \
+        int j = 0;                                                                                       \
+        for (; j + 8 <= nk; j += 8)                                                                      \
+            for (int i = 0; i < nq; i++) {                                                               \
+                __m256 v[8];                                                                             \
+                for (int u = 0; u < 8; u++) v[u] = LANES(k + (j + u) * ldk, qs[i], n);                   \
+                float *o = out + i * ldo + j;                                                            \
+                _mm256_storeu_ps(o, hsum256x8(v));                                                       \
+                if (n & 7)                                                                               \
+                    for (int u = 0; u < 8; u++) o[u] = TAIL(o[u], k + (j + u) * ldk, qs[i], n);         \
+            }                                                                                            \
+        for (; j < nk; j++)                                                                              \
+            for (int i = 0; i < nq; i++) out[i * ldo + j] = SINGLE(qs[i], k + j * ldk, n);               \
+    }
+
+/* dot_f32(q, k) multiplies q · k, the f16 one k · q: the lanes and tails keep each one's order */
+PL_TARGET_AVX2 static inline __m256 dot_f32_lanes_kq(const float *k, const float *q, int64_t n) {
+    return dot_f32_lanes(q, k, n);
+}
+PL_TARGET_AVX2 static inline float dot_f32_tail_kq(float s, const float *k, const float *q, int64_t n) {
+    return dot_f32_tail(s, q, k, n);
+}
+DOT_QK_AVX2(dot_f32_qk_avx2, float, dot_f32_lanes_kq, dot_f32_tail_kq, dot_f32_avx2)
+DOT_QK_AVX2(dot_f16_qk_avx2, uint16_t, dot_f16_lanes, dot_f16_tail, dot_f16_avx2)
+
+/* y += w[j]·x[j] for rows j = 0 .. nr - 1 in order, each element by the fused multiply-add (or, past
+ * the last multiple of 8, the scalar expression) that axpy gives it, with a 32-wide slab of y held
+ * in registers across the rows instead of loaded and stored per row. */
+#define AXPY_ROWS_AVX2(NAME, XT, LOADX, WIDEN)                                                          \
+    PL_TARGET_AVX2 static inline void NAME(float *y, const float *w, const XT *x, int64_t ldx, int nr,  \
+                                           int64_t n) {                                                \
+        int64_t c = 0;                                                                                 \
+        for (; c + 32 <= n; c += 32) {                                                                 \
+            __m256 y0 = _mm256_loadu_ps(y + c), y1 = _mm256_loadu_ps(y + c + 8);                       \
+            __m256 y2 = _mm256_loadu_ps(y + c + 16), y3 = _mm256_loadu_ps(y + c + 24);                 \
+            for (int j = 0; j < nr; j++) {                                                             \
+                const XT *xr = x + j * ldx + c;                                                        \
+                __m256 va = _mm256_set1_ps(w[j]);                                                      \
+                y0 = _mm256_fmadd_ps(va, LOADX(xr), y0);                                               \
+                y1 = _mm256_fmadd_ps(va, LOADX(xr + 8), y1);                                           \
+                y2 = _mm256_fmadd_ps(va, LOADX(xr + 16), y2);                                          \
+                y3 = _mm256_fmadd_ps(va, LOADX(xr + 24), y3);                                          \
+            }                                                                                          \
+            _mm256_storeu_ps(y + c, y0), _mm256_storeu_ps(y + c + 8, y1);                              \
+            _mm256_storeu_ps(y + c + 16, y2), _mm256_storeu_ps(y + c + 24, y3);                        \
+        }                                                                                              \
+        for (; c + 8 <= n; c += 8) {                                                                   \
+            __m256 y0 = _mm256_loadu_ps(y + c);                                                        \
+            for (int j = 0; j < nr; j++) y0 = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), LOADX(x + j * ldx + c), y0); \
+            _mm256_storeu_ps(y + c, y0);                                                               \
+        }                                                                                              \
+        for (; c < n; c++)                                                                             \
+            for (int j = 0; j < nr; j++) y[c] += w[j] * WIDEN(x[j * ldx + c]);                         \
+    }
+
+#define AS_F32(v) (v)
+AXPY_ROWS_AVX2(axpy_rows_f32, float, _mm256_loadu_ps, AS_F32)
+AXPY_ROWS_AVX2(axpy_rows_f16, uint16_t, load_f16, pl_f16_to_f32)
+
+/* Rows in chunks of PL_QK_ROWS, every query's part of a chunk before the next (the chunk stays in L1). */
+#define AXPY_QK_AVX2(NAME, XT, ROWS)                                                                   \
+    PL_TARGET_AVX2 static void NAME(float *const *ys, int nq, const float *ws, int64_t ldw, const int *first, \
+                                    const int *end, const XT *x, int64_t ldx, int64_t n) {              \
+        int last = 0;                                                                                  \
+        for (int i = 0; i < nq; i++) last = end[i] > last ? end[i] : last;                             \
+        for (int r0 = 0; r0 < last; r0 += PL_QK_ROWS)                                                  \
+            for (int i = 0; i < nq; i++) {                                                             \
+                int lo = first[i] > r0 ? first[i] : r0;                                                \
+                int hi = end[i] < r0 + PL_QK_ROWS ? end[i] : r0 + PL_QK_ROWS;                          \
+                if (lo < hi) ROWS(ys[i], ws + i * ldw + lo, x + lo * ldx, ldx, hi - lo, n);            \
+            }                                                                                          \
+    }
+
+AXPY_QK_AVX2(axpy_f32_qk_avx2, float, axpy_rows_f32)
+AXPY_QK_AVX2(axpy_f16_qk_avx2, uint16_t, axpy_rows_f16)
 
 PL_TARGET_AVX2 static void bf16_to_f32_avx2(const void *src, float *dst, int64_t n) {
     const uint16_t *s = src;
@@ -197,6 +307,10 @@ int pl_install_simd_avx2(void) {
     pl_vec.gelu = gelu_avx2;
     pl_vec.dot_f16 = dot_f16_avx2;
     pl_vec.axpy_f16 = axpy_f16_avx2;
+    pl_vec.dot_f32_qk = dot_f32_qk_avx2;
+    pl_vec.axpy_f32_qk = axpy_f32_qk_avx2;
+    pl_vec.dot_f16_qk = dot_f16_qk_avx2;
+    pl_vec.axpy_f16_qk = axpy_f16_qk_avx2;
     return 1;
 }
 

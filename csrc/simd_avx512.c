@@ -60,6 +60,9 @@ PL_TARGET_AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, 
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+PL_DOT_QK_FROM(dot_f32_qk_avx512, PL_TARGET_AVX512, float, dot_f32_avx512)
+PL_AXPY_QK_FROM(axpy_f32_qk_avx512, PL_TARGET_AVX512, float, axpy_f32_avx512)
+
 PL_TARGET_AVX512 static void bf16_to_f32_avx512(const void *src, float *dst, int64_t n) {
     const uint16_t *s = src;
     int64_t i = 0;
@@ -84,6 +87,8 @@ int pl_install_simd_avx512(void) {
     pl_traits_slot(PL_TYPE_BF16)->to_f32 = bf16_to_f32_avx512;
     pl_vec.dot_f32 = dot_f32_avx512;
     pl_vec.axpy_f32 = axpy_f32_avx512;
+    pl_vec.dot_f32_qk = dot_f32_qk_avx512;
+    pl_vec.axpy_f32_qk = axpy_f32_qk_avx512;
     return 1;
 }
 

@@ -55,6 +55,9 @@ static void axpy_f32_neon(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+PL_DOT_QK_FROM(dot_f32_qk_neon, , float, dot_f32_neon)
+PL_AXPY_QK_FROM(axpy_f32_qk_neon, , float, axpy_f32_neon)
+
 static void bf16_to_f32_neon(const void *src, float *dst, int64_t n) {
     const uint16_t *s = src;
     int64_t i = 0;
@@ -77,6 +80,8 @@ int pl_install_simd_neon(void) {
     pl_traits_slot(PL_TYPE_BF16)->to_f32 = bf16_to_f32_neon;
     pl_vec.dot_f32 = dot_f32_neon;
     pl_vec.axpy_f32 = axpy_f32_neon;
+    pl_vec.dot_f32_qk = dot_f32_qk_neon;
+    pl_vec.axpy_f32_qk = axpy_f32_qk_neon;
     return 1;
 }
 

@@ -33,6 +33,16 @@ cdef extern from "pyllm.h" nogil:
         void (*gelu)(float *x, int n) noexcept nogil
         float (*dot_f16)(const float *a, const uint16_t *b, int64_t n) noexcept nogil
         void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n) noexcept nogil
+        float (*dot_f32)(const float *a, const float *b, int64_t n) noexcept nogil
+        void (*axpy_f32)(float *y, float a, const float *x, int64_t n) noexcept nogil
+        void (*dot_f32_qk)(const float *const *qs, int nq, const float *k, int64_t ldk, int nk, int64_t n,
+                           float *out, int64_t ldo) noexcept nogil
+        void (*axpy_f32_qk)(float *const *ys, int nq, const float *ws, int64_t ldw, const int *first,
+                            const int *end, const float *x, int64_t ldx, int64_t n) noexcept nogil
+        void (*dot_f16_qk)(const float *const *qs, int nq, const uint16_t *k, int64_t ldk, int nk, int64_t n,
+                           float *out, int64_t ldo) noexcept nogil
+        void (*axpy_f16_qk)(float *const *ys, int nq, const float *ws, int64_t ldw, const int *first,
+                            const int *end, const uint16_t *x, int64_t ldx, int64_t n) noexcept nogil
     pl_vec_kernels pl_vec
     const pl_type_traits *pl_traits(int type)
     int64_t pl_row_size(int type, int64_t n)
@@ -781,8 +791,12 @@ cdef extern from "kernels.h" nogil:
         float *data
         int row0, n_rows, n_keys
     void pl_attention(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
-                      int pos0, int n, int window, float *out, float *scores, const pl_probs_out *probs,
-                      int ith, int nth)
+                      int pos0, int n, int window, float *out, float *scores, int64_t n_scores,
+                      const pl_probs_out *probs, int ith, int nth)
+    int64_t pl_attention_scores_floats(const pl_model *m, int n_ctx, int sgemm)
+    void pl_attention_per_query(const pl_model *m, const float *q, const void *k_cache, const void *v_cache,
+                                int kv_type, int pos0, int n, int window, float *out, float *scores,
+                                const pl_probs_out *probs, int ith, int nth)
     void pl_attention_blas(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
                            int pos0, int n, int window, float *out, float *scores, float *kv_wide, pl_sgemm_fn sgemm,
                            const pl_probs_out *probs, int ith, int nth)
@@ -856,38 +870,48 @@ def gelu(const float[::1] x):
 cdef struct _attention_job:
     pl_model *m
     const float *q
-    const float *k
-    const float *v
-    int pos0, n, window
+    const void *k
+    const void *v
+    int kv_type, pos0, n, window
     float *out
     float *scores
     int64_t scores_per_thread
-    bint blas
+    int path  # 0: pl_attention, 1: pl_attention_blas, 2: pl_attention_per_query
     pl_sgemm_fn sgemm
     const pl_probs_out *probs
 
 
 cdef void _attention_task(void *arg, int ith, int nth) noexcept nogil:
     cdef _attention_job *j = <_attention_job *>arg
-    if j.blas:
-        pl_attention_blas(j.m, j.q, j.k, j.v, 0, j.pos0, j.n, j.window, j.out,
-                          j.scores + ith * j.scores_per_thread, NULL, j.sgemm, j.probs, ith, nth)
+    cdef float *scores = j.scores + ith * j.scores_per_thread
+    if j.path == 1:
+        pl_attention_blas(j.m, j.q, j.k, j.v, j.kv_type, j.pos0, j.n, j.window, j.out, scores, NULL, j.sgemm,
+                          j.probs, ith, nth)
+    elif j.path == 2:
+        pl_attention_per_query(j.m, j.q, j.k, j.v, j.kv_type, j.pos0, j.n, j.window, j.out, scores, j.probs,
+                               ith, nth)
     else:
-        pl_attention(j.m, j.q, j.k, j.v, 0, j.pos0, j.n, j.window, j.out,
-                     j.scores + ith * j.scores_per_thread, j.probs, ith, nth)
+        pl_attention(j.m, j.q, j.k, j.v, j.kv_type, j.pos0, j.n, j.window, j.out, scores, j.scores_per_thread,
+                     j.probs, ith, nth)
 
 
-def attention(const float[:, ::1] q, const float[:, ::1] k, const float[:, ::1] v, int n_heads,
-              int n_kv_heads, float scale, int pos0=0, int window=0, float softcap=0.0,
-              bint blas=False, int threads=1, bint with_probs=False):
+def attention(const float[:, ::1] q, k, v, int n_heads, int n_kv_heads, float scale, int pos0=0, int window=0,
+              float softcap=0.0, bint blas=False, int threads=1, bint with_probs=False, bint per_query=False,
+              scores_per_thread=None):
     """The engine's causal attention of q (n, n_heads·hd) at positions pos0.. over the cache k, v
-    (pos0 + n, n_kv_heads·hd): the vec path, or the sgemm path with blas=True. with_probs: returns
-    (out, probabilities (n_heads, n, pos0 + n)) as a trace copies them."""
+    (pos0 + n, n_kv_heads·hd), float32 or float16 (an f16 cache): the vec path, the sgemm path with
+    blas=True (float32 only), or the one-query-at-a-time reference with per_query=True.
+    scores_per_thread: the vec path's scratch in floats (at least pos0 + n; by default what a model
+    state gives it). with_probs: returns (out, probabilities (n_heads, n, pos0 + n)) as a trace
+    copies them."""
     cdef int n = q.shape[0]
     if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads or q.shape[1] % n_heads:
         raise ValueError("bad head counts")
     cdef int hd = q.shape[1] // n_heads
-    if k.shape[0] != pos0 + n or v.shape[0] != pos0 + n or k.shape[1] != n_kv_heads * hd or v.shape[1] != k.shape[1]:
+    k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
+    if k.dtype != v.dtype or k.dtype not in (np.float32, np.float16) or (blas and k.dtype != np.float32):
+        raise ValueError("k and v must be both float32 or both float16 (float32 with blas)")
+    if k.shape != (pos0 + n, n_kv_heads * hd) or v.shape != k.shape:
         raise ValueError("k and v must hold pos0 + n rows of n_kv_heads · head_dim")
     if n == 0 or window < 0 or softcap < 0:
         raise ValueError("bad arguments")
@@ -896,13 +920,22 @@ def attention(const float[:, ::1] q, const float[:, ::1] k, const float[:, ::1] 
     m.attn_scale, m.attn_softcap = scale, softcap
     out = np.zeros((n, q.shape[1]), dtype=np.float32)
     cdef float[:, ::1] o = out
-    cdef int64_t per = (PL_ATTN_QBLOCK if blas else 1) * (pos0 + n)
+    cdef int64_t per
+    if scores_per_thread is None:
+        per = pl_attention_scores_floats(&m, pos0 + n, blas)
+    else:
+        per = scores_per_thread
+        if per < (PL_ATTN_QBLOCK if blas else 1) * (pos0 + n):
+            raise ValueError("scores_per_thread too small")
     scores = np.zeros(per * threads, dtype=np.float32)
     cdef float[::1] sv = scores
     cdef _attention_job job
-    job.m, job.q, job.k, job.v = &m, &q[0, 0], &k[0, 0], &v[0, 0]
+    job.m, job.q = &m, &q[0, 0]
+    job.k, job.v = <const void *><uintptr_t>k.ctypes.data, <const void *><uintptr_t>v.ctypes.data
+    job.kv_type = 1 if k.dtype == np.float16 else 0  # PL_TYPE_F16, PL_TYPE_F32
     job.pos0, job.n, job.window, job.out = pos0, n, window, &o[0, 0]
-    job.scores, job.scores_per_thread, job.blas = &sv[0], per, blas
+    job.scores, job.scores_per_thread = &sv[0], per
+    job.path = 1 if blas else 2 if per_query else 0
     job.sgemm = scipy_sgemm() if blas else NULL
     probs = np.zeros((n_heads, n, pos0 + n), dtype=np.float32)
     cdef pl_probs_out po
@@ -915,3 +948,69 @@ def attention(const float[:, ::1] q, const float[:, ::1] k, const float[:, ::1] 
         pl_pool_run(pool, _attention_task, &job)
     pl_pool_free(pool)
     return (out, probs) if with_probs else out
+
+
+def dot_qk(const float[:, ::1] qs, k, bint single=False):
+    """qs (nq, n) · every row of k (nk, n), float32 or float16 (as float16), through pl_vec's
+    multi-query kernel, or with single=True one dot_f32 / dot_f16 call each: (nq, nk) float32."""
+    k = np.ascontiguousarray(k)
+    if k.dtype not in (np.float32, np.float16) or k.ndim != 2 or k.shape[1] != qs.shape[1]:
+        raise ValueError("k must be (nk, n) float32 or float16")
+    cdef int nq = qs.shape[0], nk = k.shape[0], i, j
+    cdef int64_t n = qs.shape[1]
+    out = np.zeros((nq, nk), dtype=np.float32)
+    if nq == 0 or nk == 0 or n == 0:
+        return out
+    cdef float[:, ::1] o = out
+    cdef bint f16 = k.dtype == np.float16
+    cdef const float *kf = <const float *><uintptr_t>k.ctypes.data
+    cdef const uint16_t *kh = <const uint16_t *><uintptr_t>k.ctypes.data
+    pointers = np.array([<uintptr_t>&qs[i, 0] for i in range(nq)], dtype=np.uintp)
+    cdef const float **qp = <const float **><uintptr_t>pointers.ctypes.data
+    with nogil:
+        if single:
+            for i in range(nq):
+                for j in range(nk):
+                    o[i, j] = pl_vec.dot_f16(&qs[i, 0], kh + j * n, n) if f16 else pl_vec.dot_f32(&qs[i, 0], kf + j * n, n)
+        elif f16:
+            pl_vec.dot_f16_qk(qp, nq, kh, n, nk, n, &o[0, 0], nk)
+        else:
+            pl_vec.dot_f32_qk(qp, nq, kf, n, nk, n, &o[0, 0], nk)
+    return out
+
+
+def axpy_qk(const float[:, ::1] ys, const float[:, ::1] ws, first, end, x, bint single=False):
+    """ys[i] + Σ ws[i, j]·x[j] over j = first[i] .. end[i] - 1 in order, x (nk, n) float32 or float16,
+    through pl_vec's multi-query kernel, or with single=True one axpy_f32 / axpy_f16 call per row."""
+    x = np.ascontiguousarray(x)
+    cdef int nq = ys.shape[0], i, j
+    cdef int64_t n = ys.shape[1]
+    if x.dtype not in (np.float32, np.float16) or x.ndim != 2 or x.shape[1] != n or ws.shape[0] != nq:
+        raise ValueError("x must be (nk, n) float32 or float16, ws one row per y")
+    cdef int nk = x.shape[0]
+    fi, en = np.asarray(first, dtype=np.int32), np.asarray(end, dtype=np.int32)
+    if fi.shape != (nq,) or en.shape != (nq,) or (fi < 0).any() or (en > min(nk, ws.shape[1])).any():
+        raise ValueError("bad ranges")
+    out = np.array(ys, dtype=np.float32)
+    if nq == 0 or n == 0:
+        return out
+    cdef float[:, ::1] o = out
+    cdef int[::1] fv = fi, ev = en
+    cdef bint f16 = x.dtype == np.float16
+    cdef const float *xf = <const float *><uintptr_t>x.ctypes.data
+    cdef const uint16_t *xh = <const uint16_t *><uintptr_t>x.ctypes.data
+    pointers = np.array([<uintptr_t>&o[i, 0] for i in range(nq)], dtype=np.uintp)
+    cdef float **yp = <float **><uintptr_t>pointers.ctypes.data
+    with nogil:
+        if single:
+            for i in range(nq):
+                for j in range(fv[i], ev[i]):
+                    if f16:
+                        pl_vec.axpy_f16(&o[i, 0], ws[i, j], xh + j * n, n)
+                    else:
+                        pl_vec.axpy_f32(&o[i, 0], ws[i, j], xf + j * n, n)
+        elif f16:
+            pl_vec.axpy_f16_qk(yp, nq, &ws[0, 0], ws.shape[1], &fv[0], &ev[0], xh, n, n)
+        else:
+            pl_vec.axpy_f32_qk(yp, nq, &ws[0, 0], ws.shape[1], &fv[0], &ev[0], xf, n, n)
+    return out

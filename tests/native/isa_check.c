@@ -699,6 +699,109 @@ static void check_vec(ctx_t *c) {
     free(tol);
 }
 
+/* ---------------------------------------------------------------- pl_vec's multi-query kernels */
+
+/* dot_*_qk and axpy_*_qk (attention's queries that share K/V rows): against the ISA's own
+ * dot/axpy called once per (query, key), bit for bit, and against the scalar multi-query kernels
+ * with the dot and axpy tolerances (bit for bit on small integers). 5 queries; 19 keys (twice 8
+ * and a rest); 150 value rows in ragged ranges that cross PL_QK_ROWS. */
+#define MQ_QUERIES 5
+#define MQ_KEYS 19
+#define MQ_ROWS 150
+
+static void check_vec_qk(ctx_t *c) {
+    const pl_vec_kernels *vs = &c->simd->v, *vr = &c->ref->v;
+    const int first[MQ_QUERIES] = {0, 3, 70, 64, 149}, end[MQ_QUERIES] = {150, 67, 140, 128, 150};
+    const int lens[] = {1, 7, 8, 9, 16, 17, 20, 32, 33, 64, 65, 72, 128, 256};
+    int64_t cap = 256;
+    float *qf = malloc(MQ_QUERIES * cap * 4), *kf = malloc(MQ_ROWS * cap * 4), *ws = malloc(MQ_QUERIES * MQ_ROWS * 4);
+    uint16_t *kh = malloc(MQ_ROWS * cap * 2);
+    float *got = malloc(MQ_QUERIES * cap * 4), *own = malloc(MQ_QUERIES * cap * 4), *ref = malloc(MQ_QUERIES * cap * 4);
+    double *tol = malloc(MQ_QUERIES * cap * sizeof *tol), *run = malloc(MQ_QUERIES * cap * sizeof *run);
+    char what[64];
+    for (int f16 = 0; f16 < 2; f16++) {
+        stat_t *sd = stat_of("", f16 ? "dot_f16_qk" : "dot_f32_qk", f16 ? vs->dot_f16_qk != vr->dot_f16_qk
+                                                                        : vs->dot_f32_qk != vr->dot_f32_qk);
+        stat_t *sa = stat_of("", f16 ? "axpy_f16_qk" : "axpy_f32_qk", f16 ? vs->axpy_f16_qk != vr->axpy_f16_qk
+                                                                            : vs->axpy_f32_qk != vr->axpy_f32_qk);
+        for (int k = 0; k < LEN(lens); k++)
+            for (int pass = 0; pass < 2; pass++) {
+                int64_t n = lens[k];
+                const float *qs[MQ_QUERIES];
+                float *ys[MQ_QUERIES], *yo[MQ_QUERIES], *yr[MQ_QUERIES];
+                for (int i = 0; i < MQ_QUERIES * n; i++) qf[i] = pass ? normal(&c->rng) : (float)randint(&c->rng, -4, 4);
+                for (int i = 0; i < MQ_ROWS * n; i++) {
+                    kf[i] = pass ? normal(&c->rng) : (float)randint(&c->rng, -4, 4);
+                    kh[i] = pl_f32_to_f16(kf[i]);
+                    if (f16) kf[i] = pl_f16_to_f32(kh[i]);
+                }
+                for (int i = 0; i < MQ_QUERIES; i++) qs[i] = qf + i * n, ys[i] = got + i * n, yo[i] = own + i * n, yr[i] = ref + i * n;
+                snprintf(what, sizeof what, "n=%lld, %s", (long long)n, pass ? "gaussian" : "small integers");
+
+                if (f16) {
+                    vs->dot_f16_qk(qs, MQ_QUERIES, kh, n, MQ_KEYS, n, got, MQ_KEYS);
+                    vr->dot_f16_qk(qs, MQ_QUERIES, kh, n, MQ_KEYS, n, ref, MQ_KEYS);
+                } else {
+                    vs->dot_f32_qk(qs, MQ_QUERIES, kf, n, MQ_KEYS, n, got, MQ_KEYS);
+                    vr->dot_f32_qk(qs, MQ_QUERIES, kf, n, MQ_KEYS, n, ref, MQ_KEYS);
+                }
+                for (int i = 0; i < MQ_QUERIES; i++)
+                    for (int j = 0; j < MQ_KEYS; j++) {
+                        own[i * MQ_KEYS + j] = f16 ? vs->dot_f16(qs[i], kh + j * n, n) : vs->dot_f32(qs[i], kf + j * n, n);
+                        double want = 0;
+                        for (int e = 0; e < n; e++) want += (double)qs[i][e] * kf[j * n + e];
+                        tol[i * MQ_KEYS + j] = fmax(1e-5 * fabs(want), 1e-4);
+                    }
+                same_floats(sd, "against the ISA's single kernel", got, own, MQ_QUERIES * MQ_KEYS);
+                if (pass)
+                    close_floats(sd, what, got, ref, tol, 0, MQ_QUERIES * MQ_KEYS);
+                else
+                    same_floats(sd, what, got, ref, MQ_QUERIES * MQ_KEYS);
+
+                for (int i = 0; i < MQ_QUERIES * MQ_ROWS; i++) ws[i] = pass ? uniform(&c->rng) : (float)randint(&c->rng, -2, 2);
+                for (int i = 0; i < MQ_QUERIES * n; i++) {
+                    got[i] = own[i] = ref[i] = pass ? normal(&c->rng) : (float)randint(&c->rng, -4, 4);
+                    run[i] = got[i], tol[i] = 0;
+                }
+                if (f16) {
+                    vs->axpy_f16_qk(ys, MQ_QUERIES, ws, MQ_ROWS, first, end, kh, n, n);
+                    vr->axpy_f16_qk(yr, MQ_QUERIES, ws, MQ_ROWS, first, end, kh, n, n);
+                } else {
+                    vs->axpy_f32_qk(ys, MQ_QUERIES, ws, MQ_ROWS, first, end, kf, n, n);
+                    vr->axpy_f32_qk(yr, MQ_QUERIES, ws, MQ_ROWS, first, end, kf, n, n);
+                }
+                /* each step's tolerance, 2^-22·(|a·x| + |y|), summed over the steps */
+                for (int i = 0; i < MQ_QUERIES; i++)
+                    for (int j = first[i]; j < end[i]; j++) {
+                        float a = ws[i * MQ_ROWS + j];
+                        if (f16)
+                            vs->axpy_f16(yo[i], a, kh + j * n, n);
+                        else
+                            vs->axpy_f32(yo[i], a, kf + j * n, n);
+                        for (int e = 0; e < n; e++) {
+                            double ax = (double)a * kf[j * n + e];
+                            tol[i * n + e] += ldexp(fabs(ax) + fabs(run[i * n + e]), -22);
+                            run[i * n + e] += ax;
+                        }
+                    }
+                same_floats(sa, "against the ISA's single kernel", got, own, MQ_QUERIES * n);
+                if (pass)
+                    close_floats(sa, what, got, ref, tol, 0, MQ_QUERIES * n);
+                else
+                    same_floats(sa, what, got, ref, MQ_QUERIES * n);
+            }
+    }
+    free(qf);
+    free(kf);
+    free(ws);
+    free(kh);
+    free(got);
+    free(own);
+    free(ref);
+    free(tol);
+    free(run);
+}
+
 /* ---------------------------------------------------------------- the scalar digest */
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
@@ -831,6 +934,7 @@ int main(int argc, char **argv) {
             check_vec_dot_rows(&c, type);
         }
         check_vec(&c);
+        check_vec_qk(&c);
         report();
         tested++;
     }

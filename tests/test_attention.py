@@ -1,0 +1,100 @@
+"""pl_attention's multi-query path: every query bit for bit the one-query-at-a-time reference
+(pl_attention_per_query) on every ISA this CPU runs, whatever the batch, the threads and the scratch;
+within tolerance of float64; and the multi-query pl_vec kernels bit for bit their ISA's single ones."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyllm import _core
+from test_ops import attention_ref
+
+ISAS = [isa for isa in ("scalar", "avx2", "avx512", "neon") if _core.set_isa(isa) == isa]
+_core.set_isa("best")
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    try:
+        yield _core.set_isa(request.param)
+    finally:
+        _core.set_isa("best")
+
+
+def bits(x: np.ndarray) -> np.ndarray:
+    return x.view(np.uint32)
+
+
+def inputs(rng, n_heads, n_kv, hd, pos0, n, kv_dtype):
+    q = rng.normal(0, 1.5, (n, n_heads * hd)).astype(np.float32)
+    k = rng.normal(0, 1.5, (pos0 + n, n_kv * hd)).astype(kv_dtype)
+    v = rng.normal(0, 1, (pos0 + n, n_kv * hd)).astype(kv_dtype)
+    return q, k, v
+
+
+# (query heads, KV heads, head_dim): groups 1, 3 (SmolLM2's 9/3 at head_dim 64) and 4; head_dims
+# that leave a tail past the last multiple of 8 (and of 16, AVX-512's width)
+SHAPES = [(4, 4, 16), (9, 3, 64), (8, 2, 20), (4, 1, 36)]
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (24, 0.0), (0, 5.0), (24, 5.0)])
+@pytest.mark.parametrize("n_heads,n_kv,hd", SHAPES)
+def test_attention_of_a_batch_is_bit_identical_to_one_query_at_a_time(isa, rng, n_heads, n_kv, hd, window,
+                                                                       softcap, kv_dtype):
+    pos0, n = 37, 64
+    q, k, v = inputs(rng, n_heads, n_kv, hd, pos0, n, kv_dtype)
+    want, want_probs = _core.attention(q, k, v, n_heads, n_kv, 0.3, pos0=pos0, window=window, softcap=softcap,
+                                       per_query=True, with_probs=True)
+    for threads in (1, 2, 3):
+        got, probs = _core.attention(q, k, v, n_heads, n_kv, 0.3, pos0=pos0, window=window, softcap=softcap,
+                                     threads=threads, with_probs=True)
+        assert np.array_equal(bits(got), bits(want)), threads
+        assert np.array_equal(bits(probs), bits(want_probs)), threads
+    # a scratch that holds fewer queries at once: other blocks, the same numbers
+    for per in (pos0 + n, 2 * (pos0 + n) + 5, 7 * (pos0 + n)):
+        got = _core.attention(q, k, v, n_heads, n_kv, 0.3, pos0=pos0, window=window, softcap=softcap,
+                              threads=2, scores_per_thread=per)
+        assert np.array_equal(bits(got), bits(want)), per
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (40, 0.0), (0, 5.0)])
+@pytest.mark.parametrize("n_heads,n_kv", [(4, 4), (9, 3), (8, 2)])
+def test_a_position_gets_the_same_bits_in_a_prefill_of_any_length_and_in_a_decode_step(isa, rng, n_heads, n_kv,
+                                                                                      window, softcap, kv_dtype):
+    hd, total = 32, 301  # positions 0..300
+    q, k, v = inputs(rng, n_heads, n_kv, hd, 0, total, kv_dtype)
+    whole = _core.attention(q, k, v, n_heads, n_kv, 0.25, window=window, softcap=softcap, threads=2)
+    for t in range(total):  # each position as a decode step over the cache before it
+        one = _core.attention(q[t:t + 1], k[:t + 1], v[:t + 1], n_heads, n_kv, 0.25, pos0=t, window=window,
+                              softcap=softcap, threads=1 + t % 2)
+        assert np.array_equal(bits(one[0]), bits(whole[t])), t
+    for pos0, n in [(0, 5), (17, 64), (250, 51)]:  # and in chunks of a prefill
+        part = _core.attention(q[pos0:pos0 + n], k[:pos0 + n], v[:pos0 + n], n_heads, n_kv, 0.25, pos0=pos0,
+                               window=window, softcap=softcap, threads=2)
+        assert np.array_equal(bits(part), bits(whole[pos0:pos0 + n])), (pos0, n)
+    want = attention_ref(q, k.astype(np.float32), v.astype(np.float32), n_heads, n_kv, 0.25, 0, window, softcap)
+    np.testing.assert_allclose(whole, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("n", [1, 7, 8, 16, 20, 36, 64, 72, 128])
+def test_multi_query_kernels_are_bit_identical_to_the_single_ones(isa, rng, n, kv_dtype):
+    nq, nk = 5, 29  # eight keys at a time and a rest
+    qs = rng.normal(0, 1, (nq, n)).astype(np.float32)
+    k = rng.normal(0, 1, (nk, n)).astype(kv_dtype)
+    got = _core.dot_qk(qs, k)
+    assert np.array_equal(bits(got), bits(_core.dot_qk(qs, k, single=True)))
+    np.testing.assert_allclose(got, qs.astype(np.float64) @ k.astype(np.float64).T, rtol=1e-5, atol=1e-4)
+
+    ys = rng.normal(0, 1, (nq, n)).astype(np.float32)
+    ws = rng.uniform(0, 1, (nq, 150)).astype(np.float32)
+    x = rng.normal(0, 1, (150, n)).astype(kv_dtype)
+    first, end = [0, 3, 70, 64, 149], [150, 67, 140, 128, 150]  # ragged, across row chunks
+    got = _core.axpy_qk(ys, ws, first, end, x)
+    assert np.array_equal(bits(got), bits(_core.axpy_qk(ys, ws, first, end, x, single=True)))
+    want = ys.astype(np.float64)
+    for i in range(nq):
+        want[i] += ws[i, first[i]:end[i]].astype(np.float64) @ x[first[i]:end[i]].astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
