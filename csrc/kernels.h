@@ -173,7 +173,7 @@ struct pl_state {
     float *up;             /* (n_batch, ffn_dim) */
     float *kstage;         /* (n_batch, kv_dim) keys before their caches: a batched step's, an f16 cache's */
     float *vstage;         /* (n_batch, kv_dim) and values */
-    float *scores;         /* (n_threads, n_ctx); (n_threads, PL_ATTN_QBLOCK, n_ctx) with sgemm */
+    float *scores;         /* (n_threads, pl_attention_scores_floats(m, n_ctx, sgemm)) */
     float *kv_wide;        /* (n_threads, 2, n_ctx, head_dim) an f16 cache's K/V rows widened for sgemm; or NULL */
     pl_matmul_scratch mm;  /* xq: (PL_MATMUL_MAX_OUTS, xq_region); wtile: (tile_floats) */
 };
