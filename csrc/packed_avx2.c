@@ -1,0 +1,139 @@
+/* packed_avx2.c — the packed GEMM kernels (packed.h) for x86-64 with AVX2 (+FMA, F16C).
+ *
+ * A chunk of a packed block is one 32-byte register: 4 elements of each of 8 weight rows. maddubs
+ * against an activation dword broadcast to all lanes gives, per row, two i16 partial sums; the
+ * madd with ones that follows folds them into lane r = weight row r. So a block of one activation
+ * row ends as one vector of the 8 rows' exact block sums, scaled and accumulated with one fmadd per
+ * lane: the scalar reference's operations, lane by lane, in its order.
+ *
+ * A tile is G row groups × T activation rows: the weight chunks are loaded and unpacked once per
+ * tile, the activation dwords broadcast once per chunk and group-count. T = 4 for a batch (the
+ * weights of a group stay in L1 while the activation rows stream past); for one activation row two
+ * groups at a time, so that two chains of fmadd overlap.
+ *
+ * An AVX-512 build runs these kernels too: the work is dominated by maddubs on 32-byte registers
+ * fed by 32-bit broadcasts, and a 64-byte register would need the two halves of a chunk from two
+ * different blocks or groups (more shuffles, as quants_avx512.c measured for blocks of 32), while
+ * the float order is the same whichever width computes it.
+ */
+#include <string.h>
+
+#include "packed.h"
+#include "quants.h"
+
+#if defined(PL_X86) && (defined(__GNUC__) || defined(__clang__) || defined(_MSC_VER))
+#include <immintrin.h>
+
+/* Each tile inlined with its G and T constant and its loops unrolled, so that its accumulators
+ * live in registers rather than arrays in memory. */
+#if defined(_MSC_VER) && !defined(__clang__)
+#define ALWAYS_INLINE __forceinline
+#define UNROLLED
+#else
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLLED _Pragma("GCC unroll 8")
+#endif
+
+/* The 4 activation bytes at p in every dword. */
+PL_TARGET_AVX2 static inline __m256i dword_bcast(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* The first count (≤ 8) lanes of v to y: a partial group's padding rows are never written. */
+PL_TARGET_AVX2 static inline void store_rows(float *y, __m256 v, int64_t count) {
+    if (count >= PL_PACK_ROWS) {
+        _mm256_storeu_ps(y, v);
+    } else {
+        float lanes[PL_PACK_ROWS];
+        _mm256_storeu_ps(lanes, v);
+        memcpy(y, lanes, (size_t)count * sizeof(float));
+    }
+}
+
+/* ================================================================ q4_1 × q8_1 */
+
+/* Groups w, w + nb, … (G of them) against activation rows x, x + xs, … (T): y[t·ldy + 8j + r].
+ * rows_left: the valid rows from the first group on. The mins' share m·s needs neither the quants
+ * nor the integer sums: it runs as a second, short loop, which keeps the main one within the 16
+ * registers. Each maddubs lane is at most 2·15·127 in magnitude, so the 8 of a block (4 chunks, low
+ * and high nibbles) add up in i16 (≤ 30480) before the one madd. */
+PL_TARGET_AVX2 static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t nb, const int G, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 sd[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i p[2][4];
+        UNROLLED for (int k = 0; k < 4; k++) {
+            __m256i lo[2], hi[2];
+            UNROLLED for (int j = 0; j < G; j++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
+                lo[j] = _mm256_and_si256(v, low4);
+                hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+                __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
+                UNROLLED for (int j = 0; j < G; j++) {
+                    __m256i q = _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], xl), _mm256_maddubs_epi16(hi[j], xh));
+                    p[j][t] = k == 0 ? q : _mm256_add_epi16(p[j][t], q);
+                }
+            }
+        }
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+                __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[j][t], ones));
+                sd[j][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), sd[j][t]);
+            }
+        }
+    }
+    __m256 sm[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sm[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++)
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].m));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+                sm[j][t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), sm[j][t]);
+            }
+        }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, _mm256_add_ps(sd[j][t], sm[j][t]), rows_left - j * PL_PACK_ROWS);
+}
+
+PL_TARGET_AVX2 static void gemm_q4_1x8_avx2(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                                            const void *vx, int64_t xs, int n, float *y, int64_t ldy) {
+    const pl_block_q4_1x8 *w = packed;
+    const char *x = vx;
+    for (int64_t g = g0; g < g1;) {
+        const pl_block_q4_1x8 *wg = w + g * nb;
+        float *yg = y + g * PL_PACK_ROWS;
+        int64_t left = row_end - g * PL_PACK_ROWS;
+        if (n == 1 && g + 1 < g1) {
+            q4_1_tile(wg, nb, 2, x, xs, 1, yg, ldy, left);
+            g += 2;
+            continue;
+        }
+        int t = 0;
+        for (; t + 4 <= n; t += 4) q4_1_tile(wg, nb, 1, x + t * xs, xs, 4, yg + t * ldy, ldy, left);
+        switch (n - t) {
+        case 3: q4_1_tile(wg, nb, 1, x + t * xs, xs, 3, yg + t * ldy, ldy, left); break;
+        case 2: q4_1_tile(wg, nb, 1, x + t * xs, xs, 2, yg + t * ldy, ldy, left); break;
+        case 1: q4_1_tile(wg, nb, 1, x + t * xs, xs, 1, yg + t * ldy, ldy, left); break;
+        }
+        g++;
+    }
+}
+
+int pl_install_packed_avx2(void) {
+    pl_packed.q4_1 = gemm_q4_1x8_avx2;
+    return 1;
+}
+
+#else
+int pl_install_packed_avx2(void) { return 0; }
+#endif
