@@ -105,32 +105,78 @@ PL_TARGET_AVX2 static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int
         store_rows(y + t * ldy + j * PL_PACK_ROWS, _mm256_add_ps(sd[j][t], sm[j][t]), rows_left - j * PL_PACK_ROWS);
 }
 
-PL_TARGET_AVX2 static void gemm_q4_1x8_avx2(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
-                                            const void *vx, int64_t xs, int n, float *y, int64_t ldy) {
-    const pl_block_q4_1x8 *w = packed;
-    const char *x = vx;
-    for (int64_t g = g0; g < g1;) {
-        const pl_block_q4_1x8 *wg = w + g * nb;
-        float *yg = y + g * PL_PACK_ROWS;
-        int64_t left = row_end - g * PL_PACK_ROWS;
-        if (n == 1 && g + 1 < g1) {
-            q4_1_tile(wg, nb, 2, x, xs, 1, yg, ldy, left);
-            g += 2;
-            continue;
+/* ================================================================ q8_0 × q8_0 */
+
+/* As q4_1_tile, the signs moved onto the activations (maddubs multiplies unsigned by signed):
+ * |w|·sign(x, w). Pairs reach 2·128·127, so each maddubs goes to i32 through its own madd. */
+PL_TARGET_AVX2 static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const int G, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 sd[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i acc[2][4];
+        UNROLLED for (int k = 0; k < 8; k++) {
+            __m256i v[2], av[2];
+            UNROLLED for (int j = 0; j < G; j++) {
+                v[j] = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
+                av[j] = _mm256_sign_epi8(v[j], v[j]);
+            }
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                __m256i xd = dword_bcast(xb->qs + 4 * k);
+                UNROLLED for (int j = 0; j < G; j++) {
+                    __m256i q = _mm256_madd_epi16(_mm256_maddubs_epi16(av[j], _mm256_sign_epi8(xd, v[j])), ones);
+                    acc[j][t] = k == 0 ? q : _mm256_add_epi32(acc[j][t], q);
+                }
+            }
         }
-        int t = 0;
-        for (; t + 4 <= n; t += 4) q4_1_tile(wg, nb, 1, x + t * xs, xs, 4, yg + t * ldy, ldy, left);
-        switch (n - t) {
-        case 3: q4_1_tile(wg, nb, 1, x + t * xs, xs, 3, yg + t * ldy, ldy, left); break;
-        case 2: q4_1_tile(wg, nb, 1, x + t * xs, xs, 2, yg + t * ldy, ldy, left); break;
-        case 1: q4_1_tile(wg, nb, 1, x + t * xs, xs, 1, yg + t * ldy, ldy, left); break;
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                __m256 isum = _mm256_cvtepi32_ps(acc[j][t]);
+                sd[j][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d))), sd[j][t]);
+            }
         }
-        g++;
     }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
 }
+
+/* NAME(packed, nb, g0, g1, row_end, x, xs, n, y, ldy) over TILE: one activation row with two groups
+ * at a time (the last alone), more in tiles of 4 activation rows per group and one of the rest. */
+#define PACKED_GEMM(NAME, BLOCK, TILE)                                                                      \
+    PL_TARGET_AVX2 static void NAME(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end, \
+                                    const void *vx, int64_t xs, int n, float *y, int64_t ldy) {           \
+        const BLOCK *w = packed;                                                                          \
+        const char *x = vx;                                                                               \
+        for (int64_t g = g0; g < g1;) {                                                                   \
+            const BLOCK *wg = w + g * nb;                                                                 \
+            float *yg = y + g * PL_PACK_ROWS;                                                             \
+            int64_t left = row_end - g * PL_PACK_ROWS;                                                    \
+            if (n == 1 && g + 1 < g1) {                                                                   \
+                TILE(wg, nb, 2, x, xs, 1, yg, ldy, left);                                                 \
+                g += 2;                                                                                   \
+                continue;                                                                                 \
+            }                                                                                             \
+            int t = 0;                                                                                    \
+            for (; t + 4 <= n; t += 4) TILE(wg, nb, 1, x + t * xs, xs, 4, yg + t * ldy, ldy, left);       \
+            switch (n - t) {                                                                              \
+            case 3: TILE(wg, nb, 1, x + t * xs, xs, 3, yg + t * ldy, ldy, left); break;                   \
+            case 2: TILE(wg, nb, 1, x + t * xs, xs, 2, yg + t * ldy, ldy, left); break;                   \
+            case 1: TILE(wg, nb, 1, x + t * xs, xs, 1, yg + t * ldy, ldy, left); break;                   \
+            }                                                                                             \
+            g++;                                                                                          \
+        }                                                                                                 \
+    }
+
+PACKED_GEMM(gemm_q4_1x8_avx2, pl_block_q4_1x8, q4_1_tile)
+PACKED_GEMM(gemm_q8_0x8_avx2, pl_block_q8_0x8, q8_0_tile)
 
 int pl_install_packed_avx2(void) {
     pl_packed.q4_1 = gemm_q4_1x8_avx2;
+    pl_packed.q8_0 = gemm_q8_0x8_avx2;
     return 1;
 }
 
