@@ -1,20 +1,21 @@
 /* packed_avx2.c — the packed GEMM kernels (packed.h) for x86-64 with AVX2 (+FMA, F16C).
  *
  * A chunk of a packed block is one 32-byte register: 4 elements of each of 8 weight rows. maddubs
- * against an activation dword broadcast to all lanes gives, per row, two i16 partial sums; the
- * madd with ones that follows folds them into lane r = weight row r. So a block of one activation
- * row ends as one vector of the 8 rows' exact block sums, scaled and accumulated with one fmadd per
- * lane: the scalar reference's operations, lane by lane, in its order.
+ * against an activation dword broadcast to all lanes gives, per row, two i16 partial sums, which
+ * one more step folds into the i32 lane r = weight row r. So a block of one activation row ends as
+ * one vector of the 8 rows' exact block sums, scaled and accumulated with one fmadd per lane: the
+ * scalar reference's operations, lane by lane, in its order. Nothing is reduced across lanes.
  *
  * A tile is G row groups × T activation rows: the weight chunks are loaded and unpacked once per
- * tile, the activation dwords broadcast once per chunk and group-count. T = 4 for a batch (the
- * weights of a group stay in L1 while the activation rows stream past); for one activation row two
+ * tile, each activation dword broadcast once per tile. T = 4 for a batch (the weights of a group
+ * stay in L1 while the activation rows stream past; more rows spill); for one activation row two
  * groups at a time, so that two chains of fmadd overlap.
  *
- * An AVX-512 build runs these kernels too: the work is dominated by maddubs on 32-byte registers
- * fed by 32-bit broadcasts, and a 64-byte register would need the two halves of a chunk from two
- * different blocks or groups (more shuffles, as quants_avx512.c measured for blocks of 32), while
- * the float order is the same whichever width computes it.
+ * An AVX-512 machine runs these kernels too. The float order would be the same from 64-byte
+ * registers, but the layout's unit is a 32-byte chunk: a wider register would pair chunks of two
+ * groups or blocks, with more shuffles per product (as quants_avx512.c measured for blocks of 32).
+ * Not measured here (no AVX-512 CPU at hand); with VNNI, vpdpbusd would fuse maddubs and the step
+ * to i32, the first thing to try in an own body.
  */
 #include <string.h>
 
@@ -33,6 +34,21 @@
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define UNROLLED _Pragma("GCC unroll 8")
 #endif
+
+/* An empty asm that claims to change v: the compiler must have v complete at this point, so it cannot
+ * reassociate a block's chain of adds into a tree that computes every maddubs first (GCC did, and
+ * spilled a third of them: 25% slower). */
+#if defined(__GNUC__) || defined(__clang__)
+#define IN_ORDER(v) __asm__("" : "+x"(v))
+#else
+#define IN_ORDER(v) ((void)0)
+#endif
+
+/* i16 pairs → i32: lane r = its two halves added. The same as madd with ones, but on the shift and
+ * add pipes: on Zen 3 maddubs and madd share one multiply pipe, which the maddubs already fill. */
+PL_TARGET_AVX2 static inline __m256i pair_sums(__m256i p) {
+    return _mm256_add_epi32(_mm256_srai_epi32(p, 16), _mm256_srai_epi32(_mm256_slli_epi32(p, 16), 16));
+}
 
 /* The 4 activation bytes at p in every dword. */
 PL_TARGET_AVX2 static inline __m256i dword_bcast(const int8_t *p) {
@@ -58,10 +74,10 @@ PL_TARGET_AVX2 static inline void store_rows(float *y, __m256 v, int64_t count) 
  * rows_left: the valid rows from the first group on. The mins' share m·s needs neither the quants
  * nor the integer sums: it runs as a second, short loop, which keeps the main one within the 16
  * registers. Each maddubs lane is at most 2·15·127 in magnitude, so the 8 of a block (4 chunks, low
- * and high nibbles) add up in i16 (≤ 30480) before the one madd. */
+ * and high nibbles) add up in i16 (≤ 30480) before the one pair_sums. */
 PL_TARGET_AVX2 static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t nb, const int G, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
     __m256 sd[2][4];
     UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -79,6 +95,7 @@ PL_TARGET_AVX2 static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int
                 UNROLLED for (int j = 0; j < G; j++) {
                     __m256i q = _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], xl), _mm256_maddubs_epi16(hi[j], xh));
                     p[j][t] = k == 0 ? q : _mm256_add_epi16(p[j][t], q);
+                    IN_ORDER(p[j][t]);
                 }
             }
         }
@@ -86,7 +103,7 @@ PL_TARGET_AVX2 static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int
             __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
-                __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[j][t], ones));
+                __m256 isum = _mm256_cvtepi32_ps(pair_sums(p[j][t]));
                 sd[j][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), sd[j][t]);
             }
         }
@@ -128,6 +145,7 @@ PL_TARGET_AVX2 static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int
                 UNROLLED for (int j = 0; j < G; j++) {
                     __m256i q = _mm256_madd_epi16(_mm256_maddubs_epi16(av[j], _mm256_sign_epi8(xd, v[j])), ones);
                     acc[j][t] = k == 0 ? q : _mm256_add_epi32(acc[j][t], q);
+                    IN_ORDER(acc[j][t]);
                 }
             }
         }
