@@ -30,6 +30,9 @@
 #if defined(_MSC_VER) && !defined(__clang__)
 #define ALWAYS_INLINE __forceinline
 #define UNROLLED
+#elif defined(__clang__) /* which takes "GCC unroll" but then leaves these loops rolled */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLLED _Pragma("unroll")
 #else
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define UNROLLED _Pragma("GCC unroll 8")

@@ -18,6 +18,9 @@
 #if defined(_MSC_VER) && !defined(__clang__)
 #define ALWAYS_INLINE __forceinline
 #define UNROLLED
+#elif defined(__clang__) /* which takes "GCC unroll" but then leaves these loops rolled */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLLED _Pragma("unroll")
 #else
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define UNROLLED _Pragma("GCC unroll 8")
@@ -57,9 +60,9 @@ static inline void store_rows(float *y, float32x4_t lo, float32x4_t hi, int64_t 
 static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t nb, const int G, const char *x, int64_t xs,
                                     const int T, float *y, int64_t ldy, int64_t rows_left) {
     const uint8x16_t low4 = vdupq_n_u8(0x0F);
-    float32x4_t sd[2][4][2], sm[2][4][2];
+    float32x4_t sd[2][4][2];
     UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) UNROLLED for (int h = 0; h < 2; h++)
-        sd[j][t][h] = sm[j][t][h] = vdupq_n_f32(0.0f);
+        sd[j][t][h] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < nb; b++) {
         int32x4_t acc[2][4][2];
         int8x16_t x0[4], x1[4]; /* activation qs[0..16), qs[16..32) */
@@ -80,15 +83,26 @@ static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t nb, const 
         FOR_CHUNKS4(CHUNK)
 #undef CHUNK
         UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int h = 0; h < 2; h++) {
-            float32x4_t dw = f16x4(w[j * nb + b].d + 4 * h), mw = f16x4(w[j * nb + b].m + 4 * h);
+            float32x4_t dw = f16x4(w[j * nb + b].d + 4 * h);
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
                 float32x4_t scale = vmulq_f32(dw, vdupq_n_f32(xb->d));
                 sd[j][t][h] = vfmaq_f32(sd[j][t][h], vcvtq_f32_s32(acc[j][t][h]), scale);
-                sm[j][t][h] = vfmaq_f32(sm[j][t][h], mw, vdupq_n_f32(xb->s));
             }
         }
     }
+    /* the mins' share in a loop of its own, as in packed_avx2.c: fewer live registers in the main one */
+    float32x4_t sm[2][4][2];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) UNROLLED for (int h = 0; h < 2; h++)
+        sm[j][t][h] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++)
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int h = 0; h < 2; h++) {
+            float32x4_t mw = f16x4(w[j * nb + b].m + 4 * h);
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+                sm[j][t][h] = vfmaq_f32(sm[j][t][h], mw, vdupq_n_f32(xb->s));
+            }
+        }
     UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
         store_rows(y + t * ldy + j * PL_PACK_ROWS, vaddq_f32(sd[j][t][0], sm[j][t][0]),
                    vaddq_f32(sd[j][t][1], sm[j][t][1]), rows_left - j * PL_PACK_ROWS);
