@@ -4,6 +4,7 @@
  * made here, at import, and can be lowered by hand (tests compare every variant with the scalar one).
  */
 #include "kernels.h"
+#include "packed.h"
 
 #if defined(PL_X86)
 #if defined(_MSC_VER)
@@ -75,6 +76,7 @@ int pl_set_isa(int isa) {
     if (!supported(isa)) isa = PL_ISA_SCALAR;
     pl_install_type_kernels(isa);
     pl_install_quant_kernels(isa);
+    pl_install_packed_kernels(isa);
     current_isa = isa;
     return isa;
 }

@@ -146,6 +146,14 @@ cdef extern from "kernels.h" nogil:
     enum: PL_BLAS_MIN_TOKENS
     void pl_pool_run(pl_pool *pool, void (*fn)(void *arg, int ith, int nth) noexcept nogil, void *arg)
 
+cdef extern from "packed.h" nogil:
+    enum: PL_PACK_ROWS
+    int pl_packed_type(int type)
+    int64_t pl_packed_bytes(int type, int64_t rows, int64_t cols)
+    int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *dst, int64_t g0, int64_t g1)
+    int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                       const void *x, int64_t x_stride, int n, float *y, int64_t ldy)
+
 # From this many tokens on, a forward pass multiplies with sgemm on float32 activations.
 BLAS_MIN_TOKENS = PL_BLAS_MIN_TOKENS
 # A layer's traceable points, in enum pl_trace_point's order.
@@ -418,6 +426,103 @@ def convert_tensor(int src_type, const unsigned char[::1] data, int64_t rows, in
         raise ValueError(f"cannot convert type {src_type} to type {dst_type}")
     return out
 
+
+
+cdef int64_t _packed_bytes(int wtype, int64_t rows, int64_t cols) except -1:
+    if not pl_packed_type(wtype):
+        raise ValueError(f"weight type {wtype} has no packed kernel")
+    cdef int64_t size = pl_packed_bytes(wtype, rows, cols)
+    if rows < 0 or size < 0:
+        raise ValueError(f"a ({rows}, {cols}) matrix cannot be packed: cols must be whole blocks of 32")
+    return size
+
+
+def pack_weights(int wtype, const unsigned char[::1] w, int64_t rows, int64_t cols):
+    """Repacks a (rows, cols) matrix stored as wtype (the file's bytes) into the 8-row interleaved
+    layout of csrc/packed.h; returns the packed bytes (rows padded to a multiple of 8)."""
+    cdef int64_t size = _packed_bytes(wtype, rows, cols)
+    if w.shape[0] != rows * row_size(wtype, cols):
+        raise ValueError(f"{w.shape[0]} bytes are not a ({rows}, {cols}) matrix of type {wtype}")
+    out = np.zeros(size, dtype=np.uint8)
+    if size == 0:
+        return out
+    cdef unsigned char[::1] o = out
+    cdef int64_t groups = (rows + PL_PACK_ROWS - 1) // PL_PACK_ROWS
+    with nogil:
+        pl_pack_groups(wtype, &w[0], rows, cols, &o[0], 0, groups)
+    return out
+
+
+cdef _check_rows(int64_t rows, int64_t r0, int64_t r1):
+    if r0 < 0 or r0 % PL_PACK_ROWS or r1 < r0 or r1 > rows:
+        raise ValueError(f"rows [{r0}, {r1}) are not a range of the matrix starting on a group of 8")
+
+
+def gemm_packed_quantized(int wtype, const unsigned char[::1] packed, int64_t rows, int64_t cols,
+                          const unsigned char[::1] xq, int n, int64_t r0=0, int64_t r1=-1, int repeat=1):
+    """y (n, rows) = xq · Wᵀ through the packed kernel, W as pack_weights returns it and xq n rows of
+    the weight type's vec_dot_type back to back (raw bytes). Only rows [r0, r1) of y are computed
+    (r1 = -1: to the last row; r0 a multiple of 8), the rest left 0. repeat runs the kernel that
+    many times (benchmarks: no Python between the runs)."""
+    cdef int64_t size = _packed_bytes(wtype, rows, cols)
+    if packed.shape[0] != size:
+        raise ValueError(f"{packed.shape[0]} bytes are not a packed ({rows}, {cols}) matrix of type {wtype}")
+    cdef int64_t xrow = row_size(_traits(wtype).vec_dot_type, cols)
+    if n < 0 or xq.shape[0] != n * xrow:
+        raise ValueError(f"{xq.shape[0]} bytes are not {n} activation rows of {cols} elements")
+    if r1 == -1:
+        r1 = rows
+    _check_rows(rows, r0, r1)
+    y = np.zeros((n, rows), dtype=np.float32)
+    if n == 0 or r1 == r0:
+        return y
+    cdef float[:, ::1] yv = y
+    cdef int i, rc = 0
+    with nogil:
+        for i in range(repeat):
+            rc = pl_gemm_packed(wtype, &packed[0] if size else NULL, rows, cols, r0, r1,
+                                &xq[0] if xrow else NULL, xrow, n, &yv[0, 0], rows)
+    if rc != 0:
+        raise ValueError("the packed kernel refused its arguments")
+    return y
+
+
+def gemm_packed(int wtype, const unsigned char[::1] packed, int64_t rows, int64_t cols, const float[:, ::1] x,
+                int64_t r0=0, int64_t r1=-1):
+    """gemm_packed_quantized of x (n, cols) float32, quantized row by row to the weight type's
+    vec_dot_type with its from_f32, as the matmul quantizes activations."""
+    if x.shape[1] != cols:
+        raise ValueError(f"x has {x.shape[1]} columns, the matrix {cols}")
+    _packed_bytes(wtype, rows, cols)
+    xq = from_f32(_traits(wtype).vec_dot_type, np.asarray(x).reshape(-1))
+    return gemm_packed_quantized(wtype, packed, rows, cols, xq, x.shape[0], r0, r1)
+
+
+def dot_rows_matrix(int wtype, const unsigned char[::1] w, int64_t rows, int64_t cols,
+                    const unsigned char[::1] xq, int n, int repeat=1):
+    """y (n, rows) = xq · Wᵀ the way matmul.c's vec_dot path computes it (vec_dot for one activation
+    row, vec_dot_rows for several), on activations already quantized: the packed kernel's
+    benchmark baseline. repeat as in gemm_packed_quantized."""
+    cdef const pl_type_traits *t = _traits(wtype)
+    if t.vec_dot == NULL:
+        raise ValueError(f"type {wtype} has no dot kernel")
+    cdef int64_t wrow = row_size(wtype, cols), xrow = row_size(t.vec_dot_type, cols)
+    if rows < 0 or n < 0 or w.shape[0] != rows * wrow or xq.shape[0] != n * xrow:
+        raise ValueError("buffers do not hold the matrix and n activation rows")
+    y = np.zeros((n, rows), dtype=np.float32)
+    if n == 0 or rows == 0 or cols == 0:
+        return y
+    cdef float[:, ::1] yv = y
+    cdef int i
+    cdef int64_t r
+    with nogil:
+        for i in range(repeat):
+            for r in range(rows):
+                if n == 1:
+                    yv[0, r] = t.vec_dot(&w[r * wrow], &xq[0], cols)
+                else:
+                    pl_vec_dot_rows(t, &w[r * wrow], &xq[0], xrow, n, cols, &yv[0, r], rows)
+    return y
 
 cdef inline const float *_f32_ptr(object arr):
     return <const float *><uintptr_t>arr.ctypes.data if arr is not None else NULL

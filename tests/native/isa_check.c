@@ -6,8 +6,10 @@
  * pl_set_isa(PL_ISA_SCALAR) and once with the ISA, and every entry of both — the traits of every
  * type (to_f32, from_f32, vec_dot, quantize_weights) and pl_vec — is called on the same inputs
  * (also the entries an ISA leaves scalar: they must then agree trivially). An ISA's vec_dot_rows
- * is checked against that ISA's own vec_dot, bit for bit. The tolerances are the
- * ones the Python tests use:
+ * is checked against that ISA's own vec_dot, bit for bit. The packed GEMM kernels (packed.h) are
+ * checked against their scalar references bit for bit, for every row count, activation count and
+ * split of either, and the packed layout is unpacked back into the file's bytes. The tolerances are
+ * the ones the Python tests use:
  *
  *   bit for bit    widening and dequantizing (every ISA does the scalar's operations in its order;
  *                  a NaN need only stay a NaN), narrowing and quantizing (the SIMD quantizers
@@ -36,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "packed.h"
 #include "quants.h"
 
 /* ---------------------------------------------------------------- random numbers, no libm */
@@ -74,6 +77,7 @@ typedef struct {
     int has[PL_TYPE_COUNT];
     pl_type_traits t[PL_TYPE_COUNT];
     pl_vec_kernels v;
+    pl_packed_kernels p;
 } kernel_set;
 
 static void take_kernels(kernel_set *k) {
@@ -86,6 +90,7 @@ static void take_kernels(kernel_set *k) {
         }
     }
     k->v = pl_vec;
+    k->p = pl_packed;
 }
 
 static int is_quant(int type) { return type != PL_TYPE_F32 && type != PL_TYPE_F16 && type != PL_TYPE_BF16; }
@@ -100,7 +105,7 @@ typedef struct {
     double max_share;  /* largest |Δ| / tolerance */
 } stat_t;
 
-#define MAX_STATS 96
+#define MAX_STATS 100
 static stat_t stats[MAX_STATS];
 static int n_stats;
 static const char *isa_name = "?";
@@ -574,6 +579,138 @@ static void check_vec_dot_rows(ctx_t *c, int type) {
     free(x);
 }
 
+/* ---------------------------------------------------------------- packed GEMM */
+
+/* The file's bytes of row group g back from a packed matrix, by the layout packed.h documents
+ * (written here independently of packed.c): rows below rows only. */
+static void unpack_group(int type, const void *packed, int64_t rows, int64_t cols, int64_t g, uint8_t *dst) {
+    int64_t nb = cols / QK, row_bytes = pl_row_size(type, cols);
+    for (int r = 0; r < PL_PACK_ROWS && g * PL_PACK_ROWS + r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *out = dst + r * row_bytes;
+            if (type == PL_TYPE_Q4_1) {
+                const pl_block_q4_1x8 *p = (const pl_block_q4_1x8 *)packed + g * nb + b;
+                pl_block_q4_1 *o = (pl_block_q4_1 *)out + b;
+                o->d = p->d[r];
+                o->m = p->m[r];
+                for (int k = 0; k < 4; k++)
+                    for (int i = 0; i < 4; i++) {
+                        uint8_t q = p->qs[32 * k + 4 * r + i];
+                        /* low nibble: element 4k + i; high: 16 + 4k + i, the high nibble of qs[4k + i] */
+                        o->qs[4 * k + i] = (uint8_t)((q & 0xF) | (q >> 4) << 4);
+                    }
+            } else {
+                const pl_block_q8_0x8 *p = (const pl_block_q8_0x8 *)packed + g * nb + b;
+                pl_block_q8_0 *o = (pl_block_q8_0 *)out + b;
+                o->d = p->d[r];
+                for (int k = 0; k < 8; k++)
+                    for (int i = 0; i < 4; i++) o->qs[4 * k + i] = p->qs[32 * k + 4 * r + i];
+            }
+        }
+}
+
+/* pl_gemm_packed's kernels of an ISA against the scalar ones, bit for bit: the whole (rows, n)
+ * product; each activation row alone; the rows cut into ranges at every group boundary; nothing
+ * written outside the rows asked for (ldy leaves a gap after each output row). Weights with
+ * normal and extreme scales, activations quantized by the reference from rows of very different
+ * magnitudes. Also: the packed layout unpacks into the source bytes (padding groups zero). */
+static void check_packed(ctx_t *c, int type) {
+    pl_packed_gemm_fn ks = type == PL_TYPE_Q4_1 ? c->simd->p.q4_1 : c->simd->p.q8_0;
+    pl_packed_gemm_fn kr = type == PL_TYPE_Q4_1 ? c->ref->p.q4_1 : c->ref->p.q8_0;
+    stat_t *s = stat_of(type_name(c, type), "gemm_packed", ks != kr);
+    stat_t *sl = stat_of(type_name(c, type), "pack_groups", 0);
+    static const int rows_list[] = {1, 7, 8, 9, 24, 37}, cols_list[] = {32, 64, 576, 1536};
+    static const int n_list[] = {1, 2, 3, 4, 5, 8, 17};
+    enum { MAX_N = 17, MAX_ROWS = 37, MAX_COLS = 1536, GAP = 3 };
+    int vt = c->ref->t[type].vec_dot_type;
+    int64_t ldy = MAX_ROWS + GAP;
+    uint8_t *w = malloc((size_t)(MAX_ROWS * pl_row_size(type, MAX_COLS)));
+    uint8_t *back = malloc((size_t)(MAX_ROWS * pl_row_size(type, MAX_COLS)));
+    uint8_t *packed = malloc((size_t)pl_packed_bytes(type, MAX_ROWS, MAX_COLS));
+    uint8_t *xq = malloc((size_t)(MAX_N * pl_row_size(vt, MAX_COLS)));
+    float *x = malloc(MAX_COLS * sizeof(float));
+    float *want = malloc(MAX_N * ldy * sizeof(float)), *got = malloc(MAX_N * ldy * sizeof(float));
+    char what[96];
+    for (int ci = 0; ci < LEN(cols_list); ci++)
+        for (int ri = 0; ri < LEN(rows_list); ri++)
+            for (int mode = SCALES_NORMAL; mode <= SCALES_EXTREME; mode++) {
+                int64_t rows = rows_list[ri], cols = cols_list[ci], nb = cols / QK;
+                int64_t row_bytes = pl_row_size(type, cols), xrow = pl_row_size(vt, cols);
+                int64_t groups = (rows + PL_PACK_ROWS - 1) / PL_PACK_ROWS;
+                const char *scales = mode == SCALES_NORMAL ? "normal" : "extreme";
+                random_blocks(type, w, rows * nb, mode, &c->rng);
+                memset(packed, 0xAA, (size_t)pl_packed_bytes(type, rows, cols));
+                /* two calls, as a loader splitting the groups over threads would make them */
+                pl_pack_groups(type, w, rows, cols, packed, 0, groups / 2);
+                pl_pack_groups(type, w, rows, cols, packed, groups / 2, groups);
+                memset(back, 0x55, (size_t)(rows * row_bytes));
+                for (int64_t g = 0; g < groups; g++) unpack_group(type, packed, rows, cols, g, back + g * 8 * row_bytes);
+                snprintf(what, sizeof what, "%lld x %lld, %s scales, unpacked", (long long)rows, (long long)cols, scales);
+                same_bytes(sl, what, back, w, (size_t)(rows * row_bytes));
+                if (rows % PL_PACK_ROWS) { /* the padding rows of the last group: zero blocks */
+                    uint8_t zero[8 * 40] = {0}, pad[8 * 40];
+                    int64_t padded = groups * PL_PACK_ROWS;
+                    for (int64_t b = 0; b < nb; b++) {
+                        int64_t bs = pl_packed_bytes(type, 8, 32);
+                        memcpy(pad, packed + ((groups - 1) * nb + b) * bs, (size_t)bs);
+                        /* zero the real rows' lanes, then everything must be zero */
+                        for (int r = 0; r < PL_PACK_ROWS - (int)(padded - rows); r++) {
+                            if (type == PL_TYPE_Q4_1) {
+                                pl_block_q4_1x8 *p = (pl_block_q4_1x8 *)pad;
+                                p->d[r] = p->m[r] = 0;
+                                for (int k = 0; k < 4; k++) memset(&p->qs[32 * k + 4 * r], 0, 4);
+                            } else {
+                                pl_block_q8_0x8 *p = (pl_block_q8_0x8 *)pad;
+                                p->d[r] = 0;
+                                for (int k = 0; k < 8; k++) memset(&p->qs[32 * k + 4 * r], 0, 4);
+                            }
+                        }
+                        snprintf(what, sizeof what, "%lld x %lld, padding of block %lld", (long long)rows,
+                                 (long long)cols, (long long)b);
+                        same_bytes(sl, what, pad, zero, (size_t)bs);
+                    }
+                }
+
+                for (int t = 0; t < MAX_N; t++) {
+                    gaussian(x, cols, &c->rng);
+                    float f = mode == SCALES_EXTREME ? 1e-3f : (float)(t % 4 == 0 ? 1e-2 : t % 4 == 1 ? 1.0 : t % 4 == 2 ? 1e2 : 10.0);
+                    for (int64_t i = 0; i < cols; i++) x[i] *= f;
+                    c->ref->t[vt].from_f32(x, xq + t * xrow, cols);
+                }
+                for (int64_t i = 0; i < MAX_N * ldy; i++) want[i] = -12345.0f;
+                kr(packed, nb, 0, groups, rows, xq, xrow, MAX_N, want, ldy);
+                for (int ni = 0; ni < LEN(n_list); ni++) {
+                    int n = n_list[ni];
+                    /* the whole product */
+                    for (int64_t i = 0; i < MAX_N * ldy; i++) got[i] = -12345.0f;
+                    ks(packed, nb, 0, groups, rows, xq, xrow, n, got, ldy);
+                    snprintf(what, sizeof what, "%lld x %lld, n=%d, %s scales", (long long)rows, (long long)cols, n, scales);
+                    same_floats(s, what, got, want, n * ldy);
+                    /* row ranges: [0, 8a) and [8a, rows) for every a, into a fresh output each */
+                    for (int64_t a = 1; a < groups; a++) {
+                        for (int64_t i = 0; i < MAX_N * ldy; i++) got[i] = -12345.0f;
+                        ks(packed, nb, a, groups, rows, xq, xrow, n, got, ldy);
+                        ks(packed, nb, 0, a, a * PL_PACK_ROWS, xq, xrow, n, got, ldy);
+                        snprintf(what, sizeof what, "%lld x %lld, n=%d, split at row %lld, %s scales", (long long)rows,
+                                 (long long)cols, n, (long long)(a * PL_PACK_ROWS), scales);
+                        same_floats(s, what, got, want, n * ldy);
+                    }
+                }
+                /* each activation row alone, at its own offset */
+                for (int64_t i = 0; i < MAX_N * ldy; i++) got[i] = -12345.0f;
+                for (int t = 0; t < MAX_N; t++) ks(packed, nb, 0, groups, rows, xq + t * xrow, xrow, 1, got + t * ldy, ldy);
+                snprintf(what, sizeof what, "%lld x %lld, rows one by one, %s scales", (long long)rows, (long long)cols, scales);
+                same_floats(s, what, got, want, MAX_N * ldy);
+            }
+    free(w);
+    free(back);
+    free(packed);
+    free(xq);
+    free(x);
+    free(want);
+    free(got);
+}
+
 /* ---------------------------------------------------------------- pl_vec */
 
 static const int VEC_LENS[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 576, 1000, 1536, 4099};
@@ -850,6 +987,21 @@ static uint64_t scalar_digest(const kernel_set *ref, int verbose) {
             PART("vec_dot", &d, 4);
         }
     }
+    for (int type = 0; type < PL_TYPE_COUNT; type++) {
+        if (!pl_packed_type(type)) continue;
+        const pl_type_traits *t = &ref->t[type];
+        const int64_t rows = 13, cols = 2 * QK_K, nbr = 3; /* 2 groups, the second partial; 3 activation rows */
+        int64_t xrow = pl_row_size(t->vec_dot_type, cols);
+        float out[3 * 13];
+        random_blocks(type, q, rows * cols / QK, SCALES_NORMAL, &r);
+        uint8_t *packed = malloc((size_t)pl_packed_bytes(type, rows, cols));
+        pl_pack_groups(type, q, rows, cols, packed, 0, 2);
+        gaussian(x, nbr * cols, &r);
+        ref->t[t->vec_dot_type].from_f32(x, xq, nbr * cols);
+        (type == PL_TYPE_Q4_1 ? ref->p.q4_1 : ref->p.q8_0)(packed, cols / QK, 0, 2, rows, xq, xrow, (int)nbr, out, rows);
+        PART("gemm_packed", out, sizeof out);
+        free(packed);
+    }
 #undef PART
     free(x);
     free(y);
@@ -932,6 +1084,7 @@ int main(int argc, char **argv) {
             check_from_f32(&c, type, 1);
             check_vec_dot(&c, type);
             check_vec_dot_rows(&c, type);
+            if (pl_packed_type(type)) check_packed(&c, type);
         }
         check_vec(&c);
         check_vec_qk(&c);

@@ -1,0 +1,146 @@
+/* packed.c — the 8-row interleaved layouts (packed.h): repacking, the scalar reference kernels, and
+ * the table the ISA installs its kernels into.
+ *
+ * The references are plain C: fmaf where the contract fuses, and no contraction anywhere else, so
+ * that a compiler cannot fuse dw·dx into the next addition on one architecture and not on another.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "packed.h"
+#include "quants.h"
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(_MSC_VER)
+#pragma fp_contract(off)
+#endif
+
+/* The layout is the contract with every ISA's kernel and with the tests. */
+typedef char check_q4_1x8[sizeof(pl_block_q4_1x8) == 160 ? 1 : -1];
+typedef char check_q8_0x8[sizeof(pl_block_q8_0x8) == 272 ? 1 : -1];
+
+pl_packed_kernels pl_packed = {pl_gemm_q4_1x8_scalar, pl_gemm_q8_0x8_scalar};
+
+int pl_packed_type(int type) { return type == PL_TYPE_Q4_1 || type == PL_TYPE_Q8_0; }
+
+static int64_t packed_block_size(int type) {
+    return type == PL_TYPE_Q4_1 ? (int64_t)sizeof(pl_block_q4_1x8) : (int64_t)sizeof(pl_block_q8_0x8);
+}
+
+int64_t pl_packed_bytes(int type, int64_t rows, int64_t cols) {
+    if (!pl_packed_type(type) || rows < 0 || cols < 0 || cols % QK) return -1;
+    int64_t groups = (rows + PL_PACK_ROWS - 1) / PL_PACK_ROWS;
+    return groups * (cols / QK) * packed_block_size(type);
+}
+
+/* A q4_1 block keeps elements j and 16 + j in the low and high nibble of qs[j], so qs[4k + i] already
+ * is the packed byte of elements 4k + i and 16 + 4k + i: packing moves 4-byte runs. */
+static void pack_q4_1(const pl_block_q4_1 *const src[PL_PACK_ROWS], pl_block_q4_1x8 *dst) {
+    for (int r = 0; r < PL_PACK_ROWS; r++) {
+        dst->d[r] = src[r]->d;
+        dst->m[r] = src[r]->m;
+        for (int k = 0; k < 4; k++) memcpy(&dst->qs[32 * k + 4 * r], &src[r]->qs[4 * k], 4);
+    }
+}
+
+static void pack_q8_0(const pl_block_q8_0 *const src[PL_PACK_ROWS], pl_block_q8_0x8 *dst) {
+    for (int r = 0; r < PL_PACK_ROWS; r++) {
+        dst->d[r] = src[r]->d;
+        for (int k = 0; k < 8; k++) memcpy(&dst->qs[32 * k + 4 * r], &src[r]->qs[4 * k], 4);
+    }
+}
+
+int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *dst, int64_t g0, int64_t g1) {
+    int64_t groups = (rows + PL_PACK_ROWS - 1) / PL_PACK_ROWS;
+    if (pl_packed_bytes(type, rows, cols) < 0 || g0 < 0 || g1 < g0 || g1 > groups) return PL_ERR_ARGS;
+    int64_t nb = cols / QK, row_bytes = pl_row_size(type, cols), bs = packed_block_size(type);
+    /* Padding rows read a zero block: d = m = 0 and zero quants give exact zeros. */
+    static const uint8_t zero[sizeof(pl_block_q8_0)]; /* the larger of the two source blocks */
+    for (int64_t g = g0; g < g1; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            const void *blk[PL_PACK_ROWS];
+            for (int r = 0; r < PL_PACK_ROWS; r++) {
+                int64_t row = g * PL_PACK_ROWS + r;
+                blk[r] = row < rows ? (const char *)src + row * row_bytes + b * pl_traits(type)->type_size
+                                : (const void *)zero;
+            }
+            void *out = (char *)dst + (g * nb + b) * bs;
+            if (type == PL_TYPE_Q4_1)
+                pack_q4_1((const pl_block_q4_1 *const *)blk, out);
+            else
+                pack_q8_0((const pl_block_q8_0 *const *)blk, out);
+        }
+    return PL_OK;
+}
+
+int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                   const void *x, int64_t x_stride, int n, float *y, int64_t ldy) {
+    if (pl_packed_bytes(type, rows, cols) < 0 || r0 < 0 || r0 % PL_PACK_ROWS || r1 < r0 || r1 > rows || n < 0)
+        return PL_ERR_ARGS;
+    if (r1 == r0 || n == 0 || cols == 0) {
+        /* an empty row (cols 0) dots to 0 */
+        for (int t = 0; t < n; t++)
+            for (int64_t r = r0; r < r1; r++) y[t * ldy + r] = 0.0f;
+        return PL_OK;
+    }
+    pl_packed_gemm_fn kernel = type == PL_TYPE_Q4_1 ? pl_packed.q4_1 : pl_packed.q8_0;
+    kernel(packed, cols / QK, r0 / PL_PACK_ROWS, (r1 + PL_PACK_ROWS - 1) / PL_PACK_ROWS, r1, x, x_stride, n, y, ldy);
+    return PL_OK;
+}
+
+/* ---------------------------------------------------------------- scalar references */
+
+#define F16(h) pl_f16_to_f32(h)
+
+void pl_gemm_q4_1x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy) {
+    const pl_block_q4_1x8 *w = packed;
+    for (int64_t g = g0; g < g1; g++)
+        for (int r = 0; r < PL_PACK_ROWS && g * PL_PACK_ROWS + r < row_end; r++)
+            for (int t = 0; t < n; t++) {
+                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)((const char *)x + t * x_stride);
+                float sd = 0.0f, sm = 0.0f;
+                for (int64_t b = 0; b < nb; b++) {
+                    const pl_block_q4_1x8 *wb = &w[g * nb + b];
+                    int isum = 0;
+                    for (int k = 0; k < 4; k++)
+                        for (int i = 0; i < 4; i++) {
+                            int q = wb->qs[32 * k + 4 * r + i];
+                            isum += (q & 0xF) * xb[b].qs[4 * k + i] + (q >> 4) * xb[b].qs[16 + 4 * k + i];
+                        }
+                    float scale = F16(wb->d[r]) * xb[b].d;
+                    sd = fmaf((float)isum, scale, sd);
+                    sm = fmaf(F16(wb->m[r]), xb[b].s, sm);
+                }
+                y[t * ldy + g * PL_PACK_ROWS + r] = sd + sm;
+            }
+}
+
+void pl_gemm_q8_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy) {
+    const pl_block_q8_0x8 *w = packed;
+    for (int64_t g = g0; g < g1; g++)
+        for (int r = 0; r < PL_PACK_ROWS && g * PL_PACK_ROWS + r < row_end; r++)
+            for (int t = 0; t < n; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)((const char *)x + t * x_stride);
+                float sd = 0.0f;
+                for (int64_t b = 0; b < nb; b++) {
+                    const pl_block_q8_0x8 *wb = &w[g * nb + b];
+                    int isum = 0;
+                    for (int k = 0; k < 8; k++)
+                        for (int i = 0; i < 4; i++) isum += wb->qs[32 * k + 4 * r + i] * xb[b].qs[4 * k + i];
+                    float scale = F16(wb->d[r]) * F16(xb[b].d);
+                    sd = fmaf((float)isum, scale, sd);
+                }
+                y[t * ldy + g * PL_PACK_ROWS + r] = sd;
+            }
+}
+
+void pl_install_packed_kernels(int isa) {
+    pl_packed.q4_1 = pl_gemm_q4_1x8_scalar;
+    pl_packed.q8_0 = pl_gemm_q8_0x8_scalar;
+    /* An AVX-512 machine runs the AVX2 kernels: see packed_avx2.c. */
+    if (isa == PL_ISA_AVX2 || isa == PL_ISA_AVX512) pl_install_packed_avx2();
+    if (isa == PL_ISA_NEON) pl_install_packed_neon();
+}

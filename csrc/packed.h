@@ -1,0 +1,88 @@
+/* packed.h — weights repacked at load, 8 rows interleaved, and the one GEMM kernel that multiplies
+ * them by any number of activation rows.
+ *
+ * Why: the row-at-a-time kernels (quants*.c) reduce every block horizontally and give a result
+ * whose float order depends on how many activation rows share the pass. Here 8 weight rows sit
+ * side by side in each packed block, so one 32-byte load holds 4 elements of each of the 8 rows,
+ * an integer multiply against one broadcast activation dword gives the 8 rows' partial sums in 8
+ * lanes, and nothing is ever reduced across lanes. Every (weight row, activation row) result is
+ * computed by the same sequence of float operations whatever the number of activation rows, the
+ * tile or row range it falls in, and the ISA: prefill, a batch of decode steps and a single step
+ * give the same bits.
+ *
+ * Layout (q4_1x8). Rows are taken in groups of 8 (the last padded with zero blocks); for group g and
+ * block index b (nb = cols / 32 blocks per row) one packed block at byte (g·nb + b)·160:
+ *     d[8], m[8]  the 8 rows' f16 scales and mins of block b
+ *     qs[128]     qs[32k + 4r + i] = q[r][4k + i] | q[r][16 + 4k + i] << 4,  k < 4, r < 8, i < 4
+ * (q[r][e]: the 4-bit element e of row r's block b). Chunk k's 32 bytes hold, per row, elements
+ * 4k..4k+3 in the low nibbles and 16+4k..16+4k+3 in the high ones: multiplied against the
+ * activation block's qs dwords at 4k and 16 + 4k, broadcast.
+ * q8_0x8 is the same with 8 chunks of bytes: d[8], qs[32k + 4r + i] = q[r][4k + i], k < 8 (272 bytes).
+ * Scales stay f16: the packed matrix is exactly as large as the source (decode is memory-bound).
+ *
+ * The float-order contract. For each output (weight row r, activation row t), isum_b = Σ_e q_w·q_x
+ * over block b is an exact int32 (|isum_b| < 2^24, so (float)isum_b is exact too), and
+ *     q4_1 × q8_1:  sd = 0, sm = 0; for b = 0 .. nb-1 in order:
+ *                       sd = fmaf((float)isum_b, dw_b·dx_b, sd);  sm = fmaf(mw_b, sx_b, sm)
+ *                   y = sd + sm
+ *     q8_0 × q8_0:  sd = 0; for b in order: sd = fmaf((float)isum_b, dw_b·dx_b, sd);  y = sd
+ * where dw_b·dx_b is one rounded f32 product of the widened f16 weight scale and the activation's
+ * scale (q8_1: its f32 d; q8_0: its widened f16 d), mw_b the widened f16 min, sx_b the q8_1 block's
+ * f32 s. The scalar reference spells this with fmaf (compiled without contraction), the SIMD kernels
+ * with one fused multiply-add per lane (_mm256_fmadd_ps, vfmaq_f32): every ISA gives the same bits.
+ * The result differs from vec_dot's (another order) by a few ulps of the block sums.
+ */
+#ifndef PYLLM_PACKED_H
+#define PYLLM_PACKED_H
+
+#include "kernels.h"
+
+#define PL_PACK_ROWS 8
+
+typedef struct {
+    uint16_t d[PL_PACK_ROWS], m[PL_PACK_ROWS]; /* f16, row r's d and m in lane r */
+    uint8_t qs[128];                           /* see above: 4 chunks of 32 bytes */
+} pl_block_q4_1x8;                             /* 160 bytes: 8 q4_1 blocks */
+
+typedef struct {
+    uint16_t d[PL_PACK_ROWS];
+    int8_t qs[256];                            /* 8 chunks of 32 bytes */
+} pl_block_q8_0x8;                             /* 272 bytes: 8 q8_0 blocks */
+
+/* Whether weights of this type can be packed: Q4_1, Q8_0. */
+int pl_packed_type(int type);
+/* Bytes of a packed (rows, cols) matrix, rows padded to a multiple of 8; -1 for a type that cannot
+ * be packed or cols not whole blocks. */
+int64_t pl_packed_bytes(int type, int64_t rows, int64_t cols);
+/* Repacks row groups [g0, g1) of src (rows × pl_row_size(type, cols) bytes, the file's layout) into
+ * dst (pl_packed_bytes); a range of groups at a time, so that loading can split it over threads.
+ * PL_OK, or PL_ERR_ARGS (nothing written) for a bad type, shape or group range. */
+int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *dst, int64_t g0, int64_t g1);
+/* y[t·ldy + r] = row r of W · activation row t, for r in [r0, r1) (r0 a multiple of 8, r1 ≤ rows)
+ * and t < n. x: n rows of the type's vec_dot_type (q8_1 for q4_1, q8_0 for q8_0), x_stride bytes
+ * apart. Bit-identical for any n, r0, r1 and ISA. PL_OK, or PL_ERR_ARGS (nothing written). */
+int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                   const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
+
+/* One kernel: row groups [g0, g1) of a packed matrix of nb blocks per row, results for rows below
+ * row_end only (the last group may be partial). Arguments already checked. */
+typedef void (*pl_packed_gemm_fn)(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                                  const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
+typedef struct {
+    pl_packed_gemm_fn q4_1, q8_0;
+} pl_packed_kernels;
+extern pl_packed_kernels pl_packed;
+
+/* The scalar references (packed.c), the kernels every ISA must equal bit for bit. */
+void pl_gemm_q4_1x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
+void pl_gemm_q8_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
+
+/* Installs the packed kernels of isa (cpu.c's pl_set_isa); the per-ISA installers return 0 where
+ * not compiled in. */
+void pl_install_packed_kernels(int isa);
+int pl_install_packed_avx2(void);
+int pl_install_packed_neon(void);
+
+#endif

@@ -1,0 +1,206 @@
+/* packed_avx2.c — the packed GEMM kernels (packed.h) for x86-64 with AVX2 (+FMA, F16C).
+ *
+ * A chunk of a packed block is one 32-byte register: 4 elements of each of 8 weight rows. maddubs
+ * against an activation dword broadcast to all lanes gives, per row, two i16 partial sums, which
+ * one more step folds into the i32 lane r = weight row r. So a block of one activation row ends as
+ * one vector of the 8 rows' exact block sums, scaled and accumulated with one fmadd per lane: the
+ * scalar reference's operations, lane by lane, in its order. Nothing is reduced across lanes.
+ *
+ * A tile is G row groups × T activation rows: the weight chunks are loaded and unpacked once per
+ * tile, each activation dword broadcast once per tile. T = 4 for a batch (the weights of a group
+ * stay in L1 while the activation rows stream past; more rows spill); for one activation row two
+ * groups at a time, so that two chains of fmadd overlap.
+ *
+ * An AVX-512 machine runs these kernels too. The float order would be the same from 64-byte
+ * registers, but the layout's unit is a 32-byte chunk: a wider register would pair chunks of two
+ * groups or blocks, with more shuffles per product (as quants_avx512.c measured for blocks of 32).
+ * Not measured here (no AVX-512 CPU at hand); with VNNI, vpdpbusd would fuse maddubs and the step
+ * to i32, the first thing to try in an own body.
+ */
+#include <string.h>
+
+#include "packed.h"
+#include "quants.h"
+
+#if defined(PL_X86) && (defined(__GNUC__) || defined(__clang__) || defined(_MSC_VER))
+#include <immintrin.h>
+
+/* Each tile inlined with its G and T constant and its loops unrolled, so that its accumulators
+ * live in registers rather than arrays in memory. */
+#if defined(_MSC_VER) && !defined(__clang__)
+#define ALWAYS_INLINE __forceinline
+#define UNROLLED
+#elif defined(__clang__) /* which takes "GCC unroll" but then leaves these loops rolled */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLLED _Pragma("unroll")
+#else
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLLED _Pragma("GCC unroll 8")
+#endif
+
+/* An empty asm that claims to change v: the compiler must have v complete at this point, so it cannot
+ * reassociate a block's chain of adds into a tree that computes every maddubs first (GCC did, and
+ * spilled a third of them: 25% slower). */
+#if defined(__GNUC__) || defined(__clang__)
+#define IN_ORDER(v) __asm__("" : "+x"(v))
+#else
+#define IN_ORDER(v) ((void)0)
+#endif
+
+/* i16 pairs → i32: lane r = its two halves added. The same as madd with ones, but on the shift and
+ * add pipes: on Zen 3 maddubs and madd share one multiply pipe, which the maddubs already fill. */
+PL_TARGET_AVX2 static inline __m256i pair_sums(__m256i p) {
+    return _mm256_add_epi32(_mm256_srai_epi32(p, 16), _mm256_srai_epi32(_mm256_slli_epi32(p, 16), 16));
+}
+
+/* The 4 activation bytes at p in every dword. */
+PL_TARGET_AVX2 static inline __m256i dword_bcast(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* The first count (≤ 8) lanes of v to y: a partial group's padding rows are never written. */
+PL_TARGET_AVX2 static inline void store_rows(float *y, __m256 v, int64_t count) {
+    if (count >= PL_PACK_ROWS) {
+        _mm256_storeu_ps(y, v);
+    } else {
+        float lanes[PL_PACK_ROWS];
+        _mm256_storeu_ps(lanes, v);
+        memcpy(y, lanes, (size_t)count * sizeof(float));
+    }
+}
+
+/* ================================================================ q4_1 × q8_1 */
+
+/* Groups w, w + nb, … (G of them) against activation rows x, x + xs, … (T): y[t·ldy + 8j + r].
+ * rows_left: the valid rows from the first group on. The mins' share m·s needs neither the quants
+ * nor the integer sums: it runs as a second, short loop, which keeps the main one within the 16
+ * registers. Each maddubs lane is at most 2·15·127 in magnitude, so the 8 of a block (4 chunks, low
+ * and high nibbles) add up in i16 (≤ 30480) before the one pair_sums. */
+PL_TARGET_AVX2 static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t nb, const int G, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256 sd[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i p[2][4];
+        UNROLLED for (int k = 0; k < 4; k++) {
+            __m256i lo[2], hi[2];
+            UNROLLED for (int j = 0; j < G; j++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
+                lo[j] = _mm256_and_si256(v, low4);
+                hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+                __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
+                UNROLLED for (int j = 0; j < G; j++) {
+                    __m256i q = _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], xl), _mm256_maddubs_epi16(hi[j], xh));
+                    p[j][t] = k == 0 ? q : _mm256_add_epi16(p[j][t], q);
+                    IN_ORDER(p[j][t]);
+                }
+            }
+        }
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+                __m256 isum = _mm256_cvtepi32_ps(pair_sums(p[j][t]));
+                sd[j][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), sd[j][t]);
+            }
+        }
+    }
+    __m256 sm[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sm[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++)
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].m));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+                sm[j][t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), sm[j][t]);
+            }
+        }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, _mm256_add_ps(sd[j][t], sm[j][t]), rows_left - j * PL_PACK_ROWS);
+}
+
+/* ================================================================ q8_0 × q8_0 */
+
+/* As q4_1_tile, the signs moved onto the activations (maddubs multiplies unsigned by signed):
+ * |w|·sign(x, w). Pairs reach 2·128·127, so each maddubs goes to i32 through its own madd. */
+PL_TARGET_AVX2 static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const int G, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 sd[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i acc[2][4];
+        UNROLLED for (int k = 0; k < 8; k++) {
+            __m256i v[2], av[2];
+            UNROLLED for (int j = 0; j < G; j++) {
+                v[j] = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
+                av[j] = _mm256_sign_epi8(v[j], v[j]);
+            }
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                __m256i xd = dword_bcast(xb->qs + 4 * k);
+                UNROLLED for (int j = 0; j < G; j++) {
+                    __m256i q = _mm256_madd_epi16(_mm256_maddubs_epi16(av[j], _mm256_sign_epi8(xd, v[j])), ones);
+                    acc[j][t] = k == 0 ? q : _mm256_add_epi32(acc[j][t], q);
+                    IN_ORDER(acc[j][t]);
+                }
+            }
+        }
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                __m256 isum = _mm256_cvtepi32_ps(acc[j][t]);
+                sd[j][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d))), sd[j][t]);
+            }
+        }
+    }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
+}
+
+/* NAME(packed, nb, g0, g1, row_end, x, xs, n, y, ldy) over TILE: one activation row with two groups
+ * at a time (the last alone), more in tiles of 4 activation rows per group and one of the rest. */
+#define PACKED_GEMM(NAME, BLOCK, TILE)                                                                      \
+    PL_TARGET_AVX2 static void NAME(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end, \
+                                    const void *vx, int64_t xs, int n, float *y, int64_t ldy) {           \
+        const BLOCK *w = packed;                                                                          \
+        const char *x = vx;                                                                               \
+        for (int64_t g = g0; g < g1;) {                                                                   \
+            const BLOCK *wg = w + g * nb;                                                                 \
+            float *yg = y + g * PL_PACK_ROWS;                                                             \
+            int64_t left = row_end - g * PL_PACK_ROWS;                                                    \
+            if (n == 1 && g + 1 < g1) {                                                                   \
+                TILE(wg, nb, 2, x, xs, 1, yg, ldy, left);                                                 \
+                g += 2;                                                                                   \
+                continue;                                                                                 \
+            }                                                                                             \
+            int t = 0;                                                                                    \
+            for (; t + 4 <= n; t += 4) TILE(wg, nb, 1, x + t * xs, xs, 4, yg + t * ldy, ldy, left);       \
+            switch (n - t) {                                                                              \
+            case 3: TILE(wg, nb, 1, x + t * xs, xs, 3, yg + t * ldy, ldy, left); break;                   \
+            case 2: TILE(wg, nb, 1, x + t * xs, xs, 2, yg + t * ldy, ldy, left); break;                   \
+            case 1: TILE(wg, nb, 1, x + t * xs, xs, 1, yg + t * ldy, ldy, left); break;                   \
+            }                                                                                             \
+            g++;                                                                                          \
+        }                                                                                                 \
+    }
+
+PACKED_GEMM(gemm_q4_1x8_avx2, pl_block_q4_1x8, q4_1_tile)
+PACKED_GEMM(gemm_q8_0x8_avx2, pl_block_q8_0x8, q8_0_tile)
+
+int pl_install_packed_avx2(void) {
+    pl_packed.q4_1 = gemm_q4_1x8_avx2;
+    pl_packed.q8_0 = gemm_q8_0x8_avx2;
+    return 1;
+}
+
+#else
+int pl_install_packed_avx2(void) { return 0; }
+#endif

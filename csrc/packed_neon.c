@@ -1,0 +1,188 @@
+/* packed_neon.c — the packed GEMM kernels (packed.h) for AArch64 NEON.
+ *
+ * A chunk of a packed block is two 16-byte registers, rows 0..3 and rows 4..7, 4 elements of each:
+ * the layout the dot-product extension's by-lane form wants. vdotq_laneq_s32 against the activation
+ * dword k adds, per row, the 4 products into that row's i32 lane (__ARM_FEATURE_DOTPROD); without
+ * the extension widening multiplies and two pairwise adds do the same. Block sums are exact, then
+ * scaled and accumulated with one vfmaq_f32 per lane, the scalar reference's operations in its order.
+ * Tiles as in packed_avx2.c: 4 activation rows per group, or two groups for one activation row.
+ */
+#include <string.h>
+
+#include "packed.h"
+#include "quants.h"
+
+#if defined(PL_ARM64) && defined(__ARM_NEON)
+#include <arm_neon.h>
+
+#if defined(_MSC_VER) && !defined(__clang__)
+#define ALWAYS_INLINE __forceinline
+#define UNROLLED
+#elif defined(__clang__) /* which takes "GCC unroll" but then leaves these loops rolled */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLLED _Pragma("unroll")
+#else
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLLED _Pragma("GCC unroll 8")
+#endif
+
+/* acc + per i32 lane r, Σ_i w[4r + i]·x[4K + i]: the 4 elements of row r against activation dword K. */
+#if defined(__ARM_FEATURE_DOTPROD)
+#define DOT4(acc, w, x, K) vdotq_laneq_s32(acc, w, x, K)
+#else
+static inline int32x4_t dot4(int32x4_t acc, int8x16_t w, int8x16_t xk) {
+    int16x8_t p0 = vmull_s8(vget_low_s8(w), vget_low_s8(xk)), p1 = vmull_s8(vget_high_s8(w), vget_high_s8(xk));
+    return vaddq_s32(acc, vpaddlq_s16(vpaddq_s16(p0, p1))); /* |pair| ≤ 2·128·127: within i16 */
+}
+#define DOT4(acc, w, x, K) dot4(acc, w, vreinterpretq_s8_s32(vdupq_laneq_s32(vreinterpretq_s32_s8(x), K)))
+#endif
+
+static inline float32x4_t f16x4(const uint16_t *h) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h))); }
+
+/* The first count (≤ 8) of the 8 lanes lo, hi to y. */
+static inline void store_rows(float *y, float32x4_t lo, float32x4_t hi, int64_t count) {
+    if (count >= PL_PACK_ROWS) {
+        vst1q_f32(y, lo);
+        vst1q_f32(y + 4, hi);
+    } else {
+        float lanes[PL_PACK_ROWS];
+        vst1q_f32(lanes, lo);
+        vst1q_f32(lanes + 4, hi);
+        memcpy(y, lanes, (size_t)count * sizeof(float));
+    }
+}
+
+/* The dword index is an immediate of the by-lane dot: one case per chunk. */
+#define FOR_CHUNKS4(BODY) BODY(0) BODY(1) BODY(2) BODY(3)
+
+/* ================================================================ q4_1 × q8_1 */
+
+static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t nb, const int G, const char *x, int64_t xs,
+                                    const int T, float *y, int64_t ldy, int64_t rows_left) {
+    const uint8x16_t low4 = vdupq_n_u8(0x0F);
+    float32x4_t sd[2][4][2];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) UNROLLED for (int h = 0; h < 2; h++)
+        sd[j][t][h] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        int32x4_t acc[2][4][2];
+        int8x16_t x0[4], x1[4]; /* activation qs[0..16), qs[16..32) */
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+            x0[t] = vld1q_s8(xb->qs);
+            x1[t] = vld1q_s8(xb->qs + 16);
+        }
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+            acc[j][t][0] = acc[j][t][1] = vdupq_n_s32(0);
+#define CHUNK(K)                                                                                           \
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int h = 0; h < 2; h++) {                       \
+            uint8x16_t v = vld1q_u8(w[j * nb + b].qs + 32 * (K) + 16 * h);                               \
+            int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(v, low4)), hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4)); \
+            UNROLLED for (int t = 0; t < T; t++)                                                         \
+                acc[j][t][h] = DOT4(DOT4(acc[j][t][h], lo, x0[t], K), hi, x1[t], K);                     \
+        }
+        FOR_CHUNKS4(CHUNK)
+#undef CHUNK
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int h = 0; h < 2; h++) {
+            float32x4_t dw = f16x4(w[j * nb + b].d + 4 * h);
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+                float32x4_t scale = vmulq_f32(dw, vdupq_n_f32(xb->d));
+                sd[j][t][h] = vfmaq_f32(sd[j][t][h], vcvtq_f32_s32(acc[j][t][h]), scale);
+            }
+        }
+    }
+    /* the mins' share in a loop of its own, as in packed_avx2.c: fewer live registers in the main one */
+    float32x4_t sm[2][4][2];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) UNROLLED for (int h = 0; h < 2; h++)
+        sm[j][t][h] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++)
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int h = 0; h < 2; h++) {
+            float32x4_t mw = f16x4(w[j * nb + b].m + 4 * h);
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+                sm[j][t][h] = vfmaq_f32(sm[j][t][h], mw, vdupq_n_f32(xb->s));
+            }
+        }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, vaddq_f32(sd[j][t][0], sm[j][t][0]),
+                   vaddq_f32(sd[j][t][1], sm[j][t][1]), rows_left - j * PL_PACK_ROWS);
+}
+
+/* ================================================================ q8_0 × q8_0 */
+
+static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const int G, const char *x, int64_t xs,
+                                    const int T, float *y, int64_t ldy, int64_t rows_left) {
+    float32x4_t sd[2][4][2];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) UNROLLED for (int h = 0; h < 2; h++)
+        sd[j][t][h] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        int32x4_t acc[2][4][2];
+        int8x16_t x0[4], x1[4]; /* activation qs[0..16): chunks 0..3, qs[16..32): chunks 4..7 */
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+            x0[t] = vld1q_s8(xb->qs);
+            x1[t] = vld1q_s8(xb->qs + 16);
+        }
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+            acc[j][t][0] = acc[j][t][1] = vdupq_n_s32(0);
+#define CHUNK(K)                                                                                           \
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int h = 0; h < 2; h++) {                       \
+            int8x16_t v0 = vld1q_s8(w[j * nb + b].qs + 32 * (K) + 16 * h);                               \
+            int8x16_t v1 = vld1q_s8(w[j * nb + b].qs + 32 * ((K) + 4) + 16 * h);                         \
+            UNROLLED for (int t = 0; t < T; t++)                                                         \
+                acc[j][t][h] = DOT4(DOT4(acc[j][t][h], v0, x0[t], K), v1, x1[t], K);                     \
+        }
+        FOR_CHUNKS4(CHUNK)
+#undef CHUNK
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int h = 0; h < 2; h++) {
+            float32x4_t dw = f16x4(w[j * nb + b].d + 4 * h);
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                float32x4_t dx = vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(xb->d)));
+                float32x4_t scale = vmulq_f32(dw, dx);
+                sd[j][t][h] = vfmaq_f32(sd[j][t][h], vcvtq_f32_s32(acc[j][t][h]), scale);
+            }
+        }
+    }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t][0], sd[j][t][1], rows_left - j * PL_PACK_ROWS);
+}
+
+/* As packed_avx2.c's driver: two groups at a time for one activation row, else tiles of 4 rows. */
+#define PACKED_GEMM(NAME, BLOCK, TILE)                                                                      \
+    static void NAME(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end, const void *vx, \
+                     int64_t xs, int n, float *y, int64_t ldy) {                                          \
+        const BLOCK *w = packed;                                                                          \
+        const char *x = vx;                                                                               \
+        for (int64_t g = g0; g < g1;) {                                                                   \
+            const BLOCK *wg = w + g * nb;                                                                 \
+            float *yg = y + g * PL_PACK_ROWS;                                                             \
+            int64_t left = row_end - g * PL_PACK_ROWS;                                                    \
+            if (n == 1 && g + 1 < g1) {                                                                   \
+                TILE(wg, nb, 2, x, xs, 1, yg, ldy, left);                                                 \
+                g += 2;                                                                                   \
+                continue;                                                                                 \
+            }                                                                                             \
+            int t = 0;                                                                                    \
+            for (; t + 4 <= n; t += 4) TILE(wg, nb, 1, x + t * xs, xs, 4, yg + t * ldy, ldy, left);       \
+            switch (n - t) {                                                                              \
+            case 3: TILE(wg, nb, 1, x + t * xs, xs, 3, yg + t * ldy, ldy, left); break;                   \
+            case 2: TILE(wg, nb, 1, x + t * xs, xs, 2, yg + t * ldy, ldy, left); break;                   \
+            case 1: TILE(wg, nb, 1, x + t * xs, xs, 1, yg + t * ldy, ldy, left); break;                   \
+            }                                                                                             \
+            g++;                                                                                          \
+        }                                                                                                 \
+    }
+
+PACKED_GEMM(gemm_q4_1x8_neon, pl_block_q4_1x8, q4_1_tile)
+PACKED_GEMM(gemm_q8_0x8_neon, pl_block_q8_0x8, q8_0_tile)
+
+int pl_install_packed_neon(void) {
+    pl_packed.q4_1 = gemm_q4_1x8_neon;
+    pl_packed.q8_0 = gemm_q8_0x8_neon;
+    return 1;
+}
+
+#else
+int pl_install_packed_neon(void) { return 0; }
+#endif
