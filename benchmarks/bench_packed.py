@@ -7,9 +7,10 @@ memory-bound), multiplied by n activation rows already quantized to the type's v
   packed  pl_gemm_packed on the 8-row interleaved layout
   rows    vec_dot per weight row for n = 1, vec_dot_rows (every activation row per weight row) above,
           as matmul.c's vec_dot path does
-Prints ns and cycles per (block of 32 of one weight row, activation row); cycles at the "cpu MHz"
-/proc/cpuinfo reports, a nominal clock (a turbo clock makes the true count higher). Each figure is
-the best of 5 timings of enough kernel runs to fill ~0.2 s, run inside C (no Python between runs).
+Prints ns and cycles per (block of 32 of one weight row, activation row): cycles at --ghz, or else
+at the "cpu MHz" /proc/cpuinfo reports (a nominal clock: under turbo the true count is higher).
+Each figure is the best of 5 timings of enough kernel runs to fill ~0.2 s, run inside C (no Python
+between runs), in this thread's CPU time: on a shared machine, time spent descheduled is not counted.
 """
 from __future__ import annotations
 
@@ -53,15 +54,15 @@ def random_matrix(t: W, rows: int, cols: int, rng: np.random.Generator) -> np.nd
 
 def best_time(fn, target_s: float = 0.2) -> float:
     """Seconds per kernel run: fn(repeat) runs the kernel repeat times."""
-    start = time.perf_counter()
+    start = time.thread_time()
     fn(1)
-    once = max(time.perf_counter() - start, 1e-7)
+    once = max(time.thread_time() - start, 1e-6)
     repeat = max(1, int(target_s / once))
     best = float("inf")
     for _ in range(5):
-        start = time.perf_counter()
+        start = time.thread_time()
         fn(repeat)
-        best = min(best, (time.perf_counter() - start) / repeat)
+        best = min(best, (time.thread_time() - start) / repeat)
     return best
 
 
@@ -70,12 +71,13 @@ def main() -> None:
     parser.add_argument("--types", default="q4_1,q8_0")
     parser.add_argument("--n", default="1,4,8,16,128")
     parser.add_argument("--isa", default="best")
+    parser.add_argument("--ghz", type=float, help="the core's clock for the cycle counts")
     args = parser.parse_args()
     isa = _core.set_isa(args.isa)
-    mhz = cpu_mhz()
+    mhz = args.ghz * 1e3 if args.ghz else cpu_mhz()
     m = machine()
     print(f"CPU: {m['cpu']} ({m['flags']}); cores: {m['cores']}; 1 thread; ISA {isa}; "
-          f"cpu MHz {mhz:.0f}; load {m['load']}")
+          f"cycles at {mhz:.0f} MHz{'' if args.ghz else ' (cpu MHz)'}; load {m['load']}")
     print(f"numpy {version('numpy')}; commit {git_commit()}")
     print("ns and cycles per (block of 32, activation row)")
     rng = np.random.default_rng(0)
