@@ -153,6 +153,10 @@ int64_t pl_matmul_xq_bytes(int type, int64_t cols, int n);
 
 /* ---------------------------------------------------------------- state.c */
 
+/* 64-byte aligned blocks (a cache line; every SIMD width), freed with pl_free_aligned. */
+void *pl_alloc_aligned(size_t bytes);
+void pl_free_aligned(void *p);
+
 struct pl_state {
     int n_ctx, n_batch, n_threads;
     int pos;               /* tokens in the cache */

@@ -9,15 +9,15 @@
 
 #ifdef _WIN32
 #include <malloc.h>
-static void *alloc_aligned(size_t n) { return _aligned_malloc(n ? n : 64, 64); }
-static void free_aligned(void *p) { _aligned_free(p); }
+void *pl_alloc_aligned(size_t n) { return _aligned_malloc(n ? n : 64, 64); }
+void pl_free_aligned(void *p) { _aligned_free(p); }
 #else
 /* Large blocks come straight from mmap: KV cache pages cost memory only once written. */
-static void *alloc_aligned(size_t n) {
+void *pl_alloc_aligned(size_t n) {
     void *p = NULL;
     return posix_memalign(&p, 64, n ? n : 64) == 0 ? p : NULL;
 }
-static void free_aligned(void *p) { free(p); }
+void pl_free_aligned(void *p) { free(p); }
 #endif
 
 /* Calls fn on every matrix the forward multiplies by (tok_embd and pos_embd are only read by row). */
@@ -34,7 +34,7 @@ static void for_each_weight(const pl_model *m, void (*fn)(const pl_tensor *, voi
 typedef struct {
     int n_batch;
     int64_t xq_region, max_cols;
-    int any_converted;
+    int any_converted, any_quantized;
 } scratch_needs;
 
 static void measure(const pl_tensor *w, void *arg) {
@@ -43,14 +43,15 @@ static void measure(const pl_tensor *w, void *arg) {
     if (b > need->xq_region) need->xq_region = b;
     if (w->cols > need->max_cols) need->max_cols = w->cols;
     if (w->type != PL_TYPE_F32) need->any_converted = 1;
+    if (pl_traits(w->type)->vec_dot_type != PL_TYPE_F32) need->any_quantized = 1;
 }
 
 void pl_state_free(pl_state *s) {
     if (!s) return;
     void *bufs[] = {s->k_cache, s->v_cache, s->kv_wide, s->rope_cos, s->rope_sin, s->x, s->xn, s->q, s->pos_row,
                      s->att, s->tmp, s->gate, s->up, s->scores, s->mm.wtile, s->kstage, s->vstage};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free_aligned(bufs[i]);
-    free_aligned(s->mm.xq);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) pl_free_aligned(bufs[i]);
+    pl_free_aligned(s->mm.xq);
     free(s);
 }
 
@@ -70,36 +71,40 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
     size_t n_ropes = m->n_rot ? (size_t)m->n_ropes : 0;
     size_t cache = (size_t)m->n_layers * n_ctx * s->kv_dim * (size_t)pl_traits(kv_type)->type_size;
     s->cache_bytes = (int64_t)cache;
-    s->k_cache = alloc_aligned(cache);
-    s->v_cache = alloc_aligned(cache);
-    s->rope_cos = alloc_aligned(n_ropes * n_ctx * half * f);
-    s->rope_sin = alloc_aligned(n_ropes * n_ctx * half * f);
-    s->pos_row = alloc_aligned((size_t)n_threads * m->dim * f);
-    s->x = alloc_aligned((size_t)n_batch * m->dim * f);
-    s->xn = alloc_aligned((size_t)n_batch * m->dim * f);
-    s->q = alloc_aligned(n_batch * qd * f);
-    s->att = alloc_aligned(n_batch * qd * f);
-    s->tmp = alloc_aligned((size_t)n_batch * m->dim * f);
-    s->gate = alloc_aligned((size_t)n_batch * m->ffn_dim * f);
-    s->up = alloc_aligned((size_t)n_batch * m->ffn_dim * f);
-    s->kstage = alloc_aligned((size_t)n_batch * s->kv_dim * f);
-    s->vstage = alloc_aligned((size_t)n_batch * s->kv_dim * f);
-    s->scores = alloc_aligned((size_t)n_threads * (m->sgemm ? PL_ATTN_QBLOCK : 1) * n_ctx * f);
+    s->k_cache = pl_alloc_aligned(cache);
+    s->v_cache = pl_alloc_aligned(cache);
+    s->rope_cos = pl_alloc_aligned(n_ropes * n_ctx * half * f);
+    s->rope_sin = pl_alloc_aligned(n_ropes * n_ctx * half * f);
+    s->pos_row = pl_alloc_aligned((size_t)n_threads * m->dim * f);
+    s->x = pl_alloc_aligned((size_t)n_batch * m->dim * f);
+    s->xn = pl_alloc_aligned((size_t)n_batch * m->dim * f);
+    s->q = pl_alloc_aligned(n_batch * qd * f);
+    s->att = pl_alloc_aligned(n_batch * qd * f);
+    s->tmp = pl_alloc_aligned((size_t)n_batch * m->dim * f);
+    s->gate = pl_alloc_aligned((size_t)n_batch * m->ffn_dim * f);
+    s->up = pl_alloc_aligned((size_t)n_batch * m->ffn_dim * f);
+    s->kstage = pl_alloc_aligned((size_t)n_batch * s->kv_dim * f);
+    s->vstage = pl_alloc_aligned((size_t)n_batch * s->kv_dim * f);
 
-    scratch_needs need = {n_batch, 0, 0, 0};
+    scratch_needs need = {n_batch, 0, 0, 0, 0};
     for_each_weight(m, measure, &need);
     s->mm.xq_region = (need.xq_region + 63) / 64 * 64;
-    s->mm.xq = alloc_aligned((size_t)(PL_MATMUL_MAX_OUTS * s->mm.xq_region));
-    s->mm.sgemm = m->sgemm;
+    s->mm.xq = pl_alloc_aligned((size_t)(PL_MATMUL_MAX_OUTS * s->mm.xq_region));
+    /* Quantized weights multiply 8-bit activations at every batch size, and attention takes the
+     * per-query path: a position's numbers are then the same in a prefill of any length, a decode
+     * step and a batched step (sgemm's f32 activations would differ, and requantizing the next
+     * layer's input amplifies any difference). Float weights keep sgemm from PL_BLAS_MIN_TOKENS. */
+    s->mm.sgemm = need.any_quantized ? NULL : m->sgemm;
     s->mm.per_thread_blas = m->blas.set_threads && m->blas.get_threads;
-    if (m->sgemm && kv_type != PL_TYPE_F32) {
-        s->kv_wide = alloc_aligned((size_t)n_threads * 2 * n_ctx * m->head_dim * f);
+    s->scores = pl_alloc_aligned((size_t)n_threads * pl_attention_scores_floats(m, n_ctx, s->mm.sgemm != NULL) * f);
+    if (s->mm.sgemm && kv_type != PL_TYPE_F32) {
+        s->kv_wide = pl_alloc_aligned((size_t)n_threads * 2 * n_ctx * m->head_dim * f);
         if (!s->kv_wide) goto fail;
     }
-    if (m->sgemm && need.any_converted) {
+    if (s->mm.sgemm && need.any_converted) {
         /* 1 MB per thread: a tile stays in cache between being widened and multiplied. */
         s->mm.tile_floats = need.max_cols > (1 << 18) ? need.max_cols : (1 << 18);
-        s->mm.wtile = alloc_aligned((size_t)n_threads * (size_t)s->mm.tile_floats * f);
+        s->mm.wtile = pl_alloc_aligned((size_t)n_threads * (size_t)s->mm.tile_floats * f);
         if (!s->mm.wtile) goto fail;
     }
     if (!s->k_cache || !s->v_cache || !s->rope_cos || !s->rope_sin || !s->pos_row || !s->x || !s->xn || !s->q ||

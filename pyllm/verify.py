@@ -17,10 +17,10 @@ from .dtypes import WeightType
 from .trace import CAPTURES, LAYER_CAPTURES
 
 DEFAULT_PROMPT = "The capital of France is Paris, and the capital of Germany is Berlin. The sky is blue because"
-# Relative error allowed where pyllm multiplies float32 activations (float weights, or a quantized
-# file's prefill through sgemm): both sides compute the same thing in a different order.
+# Relative error allowed where pyllm multiplies float32 activations (float weights): both sides
+# compute the same thing in a different order.
 FLOAT_TOLERANCE = 1e-3
-# Quantized weights with few tokens multiply 8-bit activations (as decoding does), which
+# Quantized weights multiply 8-bit activations at every prompt length (prefill as decode), which
 # transformers never does: a correct engine differs by up to ~10% in the smaller
 # block outputs (attn_out, mlp_out) and ~3% in the residual stream (SmolLM2 Q4_1, 4 tokens).
 INT8_TOLERANCE = 0.2
@@ -97,10 +97,11 @@ def compare(component: str, layer: int | None, ours: np.ndarray, ref: np.ndarray
                 float("inf"), cosine, agreement, passed=bool(finite and rel <= tolerance))
 
 
-def activations_used(llm, n_tokens: int) -> str:
-    """Whether pyllm's matmuls for a prompt of n_tokens multiply float32 or 8-bit activations."""
+def activations_used(llm) -> str:
+    """Whether pyllm's matmuls multiply float32 or 8-bit activations: with any quantized matrix,
+    8-bit ones at every prompt length, so that prefill computes what decode does."""
     float_only = all(_core.vec_dot_type(int(t)) == int(WeightType.F32) for t in llm._core.weight_types)
-    return "float32" if float_only or n_tokens >= _core.BLAS_MIN_TOKENS else "int8"
+    return "float32" if float_only else "int8"
 
 
 def ladder(llm, reference_model, ids: list[int], layers: list[int], tolerance: float | None = None,
@@ -109,7 +110,7 @@ def ladder(llm, reference_model, ids: list[int], layers: list[int], tolerance: f
     from .oracle import reference_trace
     from .trace import run_trace
 
-    activations = activations_used(llm, len(ids))
+    activations = activations_used(llm)
     if tolerance is None:
         tolerance = FLOAT_TOLERANCE if activations == "float32" else INT8_TOLERANCE
     _, ours = run_trace(llm._core, llm.spec, ids, layers, CAPTURES)
