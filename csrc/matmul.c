@@ -1,10 +1,13 @@
 /* matmul.c — y = x · Wᵀ with W in its stored type, for one token (decode) or many (prefill).
  *
- * Decode is memory-bound: each weight row is read once, converted inside the dot kernel, and the
- * rows of every output of a group (q, k, v) are split over the threads as one range. Prefill is
- * compute-bound: weight tiles are widened to f32 and handed to SciPy's sgemm.
+ * Quantized weights multiply activations quantized per row (the weight type's vec_dot_type) at
+ * every batch size, through the packed kernels where the type has one (packed.h) and the dot
+ * kernels otherwise: a row's result never depends on how many rows came with it. The rows of
+ * every output of a group (q, k, v) are split over the threads as one range. Float weights prefill
+ * through SciPy's sgemm (tiles widened to f32) from PL_BLAS_MIN_TOKENS tokens on.
  */
 #include "kernels.h"
+#include "packed.h"
 
 int64_t pl_matmul_xq_bytes(int type, int64_t cols, int n) {
     const pl_type_traits *t = pl_traits(type);
@@ -111,11 +114,44 @@ static int prepare_activations(const pl_matmul_out *outs, int n_outs, const floa
     return converted;
 }
 
-/* With n ≥ 2 rows each weight row goes through the multi-row kernel, which unpacks a weight block
- * once for all n (a batch of decode steps is compute-bound); its results are vec_dot's bit for bit,
- * so a row of a batch equals that sequence's step alone. */
+/* Rows [lo, hi) of a packed matrix. The kernel starts at a group of PL_PACK_ROWS rows: a range that
+ * begins inside one (where outputs of unusual heights meet in a group's range) has that group
+ * computed whole into scratch and its wanted rows copied — the same bits, as the kernel's results
+ * do not depend on the rows computed with them. */
+static void packed_rows(const pl_matmul_out *o, int64_t lo, int64_t hi, const void *xv, int64_t xrow, int n) {
+    enum { TOKENS = 64 };
+    const pl_tensor *w = o->w;
+    int64_t aligned = (lo + PL_PACK_ROWS - 1) / PL_PACK_ROWS * PL_PACK_ROWS;
+    int64_t head_end = aligned < hi ? aligned : hi;
+    if (head_end > lo) {
+        int64_t g0 = lo / PL_PACK_ROWS * PL_PACK_ROWS;
+        int64_t g1 = g0 + PL_PACK_ROWS < w->rows ? g0 + PL_PACK_ROWS : w->rows;
+        float group[PL_PACK_ROWS * TOKENS];
+        for (int t0 = 0; t0 < n; t0 += TOKENS) {
+            int nt = n - t0 < TOKENS ? n - t0 : TOKENS;
+            pl_gemm_packed(w->type, w->packed, w->rows, w->cols, g0, g1, (const char *)xv + t0 * xrow, xrow, nt,
+                           group, PL_PACK_ROWS);
+            for (int t = 0; t < nt; t++)
+                for (int64_t r = lo; r < head_end; r++)
+                    o->y[(int64_t)(t0 + t) * o->ldy + r] = group[t * PL_PACK_ROWS + (r - g0)];
+        }
+    }
+    if (hi > aligned) pl_gemm_packed(w->type, w->packed, w->rows, w->cols, aligned, hi, xv, xrow, n, o->y, o->ldy);
+}
+
+/* Rows [lo, hi) of o for n activation rows. A packed matrix goes through its GEMM, whose every
+ * (row, token) result is the same for any n and any row range. Otherwise, with n ≥ 2 each weight
+ * row goes through the multi-row kernel, which unpacks a weight block once for all n; its results
+ * are vec_dot's bit for bit. Either way a row of a batch (or of a prefill) equals that token's
+ * step alone. */
 static void dot_rows(const pl_matmul_out *o, int64_t lo, int64_t hi, const void *xv, int64_t xrow, int n) {
     const pl_tensor *w = o->w;
+    if (w->packed) {
+        packed_rows(o, lo, hi, xv, xrow, n);
+        for (int tok = 0; o->bias && tok < n; tok++)
+            for (int64_t r = lo; r < hi; r++) o->y[tok * o->ldy + r] += o->bias[r];
+        return;
+    }
     pl_vec_dot_fn dot = pl_traits(w->type)->vec_dot;
     pl_vec_dot_rows_fn dot_n = n > 1 ? pl_traits(w->type)->vec_dot_rows : NULL;
     int64_t wrow = pl_row_size(w->type, w->cols);

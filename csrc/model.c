@@ -1,8 +1,11 @@
-/* model.c — the model struct described as data: the slot tables made from pyllm.h's one list, and
- * the check that every present slot has the shape and type the model's sizes imply. */
+/* model.c — the model struct described as data: the slot tables made from pyllm.h's one list, the
+ * check that every present slot has the shape and type the model's sizes imply, and the packed
+ * copies of its matrices. */
 #include <stddef.h>
+#include <stdlib.h>
 
 #include "kernels.h"
+#include "packed.h"
 
 #define PL_LAYER_ENTRY(kind, name, rows, cols, required) \
     {#name, PL_SLOT_##kind, PL_DIM_##rows, PL_DIM_##cols, required, offsetof(pl_layer, name)},
@@ -76,4 +79,35 @@ const char *pl_model_check(const pl_model *m) {
         if (m->n_rot && (L->rope < 0 || L->rope >= m->n_ropes)) return "a layer names a rotary table that does not exist";
     }
     return NULL;
+}
+
+/* ---------------------------------------------------------------- packed copies */
+
+static void pack_task(void *arg, int ith, int nth) {
+    pl_tensor *t = arg;
+    int64_t groups = (t->rows + PL_PACK_ROWS - 1) / PL_PACK_ROWS;
+    pl_pack_groups(t->type, t->data, t->rows, t->cols, t->packed, groups * ith / nth, groups * (ith + 1) / nth);
+}
+
+int pl_tensor_pack(pl_tensor *t, pl_pool *pool) {
+    if (t->packed || !t->data || !pl_packed_type(t->type)) return PL_OK;
+    t->packed = pl_alloc_aligned((size_t)pl_packed_bytes(t->type, t->rows, t->cols));
+    if (!t->packed) return PL_ERR_NOMEM;
+    pl_pool_run(pool, pack_task, t);
+    return PL_OK;
+}
+
+static void unpack_slots(char *owner, const pl_slot *slots, int count) {
+    for (int i = 0; i < count; i++)
+        if (slots[i].kind == PL_SLOT_MATRIX) {
+            pl_tensor *t = (pl_tensor *)(owner + slots[i].offset);
+            pl_free_aligned(t->packed);
+            t->packed = NULL;
+        }
+}
+
+void pl_model_unpack(pl_model *m) {
+    unpack_slots((char *)m, model_slots, pl_model_slot_count());
+    for (int l = 0; m->layers && l < m->n_layers; l++)
+        unpack_slots((char *)&m->layers[l], layer_slots, pl_layer_slot_count());
 }

@@ -148,6 +148,8 @@ typedef struct {
     int64_t rows;     /* output features */
     int64_t cols;     /* input features, a whole number of blocks */
     const void *data; /* rows × pl_row_size(type, cols) bytes, in the mmap or an owned buffer */
+    void *packed;     /* the same rows interleaved for the packed kernels (packed.h), owned by the
+                         model (pl_tensor_pack); NULL where it has none */
 } pl_tensor;
 
 /* Re-encodes src (rows × cols) into dst_type at dst (rows × pl_row_size(dst_type, cols) bytes),
@@ -278,6 +280,11 @@ typedef struct {
 
 /* Checks the model's shapes and types agree; 0 or a message for the caller to raise. */
 const char *pl_model_check(const pl_model *m);
+/* Gives a matrix whose type has a packed kernel (packed.h) its interleaved copy, packed on the
+ * pool's threads: PL_OK (also where the type has none), PL_ERR_NOMEM. The model's copies are freed
+ * by pl_model_unpack (idempotent). */
+int pl_tensor_pack(pl_tensor *t, pl_pool *pool);
+void pl_model_unpack(pl_model *m);
 
 /* One sequence: its KV cache, rotary tables and every activation buffer, allocated once. */
 typedef struct pl_state pl_state;
@@ -297,7 +304,8 @@ enum pl_status {
     PL_OK = 0,
     PL_ERR_TOKEN = 1,   /* a token id outside [0, vocab_size) */
     PL_ERR_CONTEXT = 2, /* the tokens do not fit in the rest of the context */
-    PL_ERR_ARGS = 3
+    PL_ERR_ARGS = 3,
+    PL_ERR_NOMEM = 4    /* an allocation failed */
 };
 
 /* Appends n tokens at the state's position and computes logits: for every token (logits is

@@ -71,6 +71,7 @@ cdef extern from "pyllm.h" nogil:
         int64_t rows
         int64_t cols
         const void *data
+        void *packed
     ctypedef struct pl_norm:
         const float *w
         const float *b
@@ -103,6 +104,8 @@ cdef extern from "pyllm.h" nogil:
         pl_sgemm_fn sgemm
         pl_blas_threads blas
     const char *pl_model_check(const pl_model *m)
+    int pl_tensor_pack(pl_tensor *t, pl_pool *pool)
+    void pl_model_unpack(pl_model *m)
     int pl_convert_tensor(pl_pool *pool, const pl_tensor *src, int dst_type, void *dst)
 
     ctypedef struct pl_state:
@@ -344,9 +347,11 @@ cdef pl_blas_threads _blas_controls(tuple controls):
 
 
 def matmul(int wtype, const unsigned char[::1] w, int64_t rows, int64_t cols, const float[:, ::1] x,
-           int threads=1, bint blas=True, int64_t tile_floats=1 << 18, tuple blas_controls=(0, 0)):
+           int threads=1, bint blas=True, int64_t tile_floats=1 << 18, tuple blas_controls=(0, 0),
+           bint packed=False):
     """y (n, rows) = x (n, cols) · Wᵀ through the engine's matmul (for tests of every path:
-    vec_dot, sgemm from thread 0, and per-thread sgemm when blas_controls are given)."""
+    vec_dot, sgemm from thread 0, per-thread sgemm when blas_controls are given, and with packed
+    the interleaved copy a model gives types that have a packed kernel)."""
     cdef const pl_type_traits *t = _traits(wtype)
     if t.vec_dot == NULL:
         raise ValueError(f"type {wtype} has no dot kernel")
@@ -362,6 +367,13 @@ def matmul(int wtype, const unsigned char[::1] w, int64_t rows, int64_t cols, co
     wt.rows = rows
     wt.cols = cols
     wt.data = &w[0]
+    wt.packed = NULL
+    cdef unsigned char[::1] packed_view
+    if packed and pl_packed_type(wtype):
+        packed_copy = np.empty(pl_packed_bytes(wtype, rows, cols) + 64, dtype=np.uint8)
+        packed_view = packed_copy
+        wt.packed = <void *>(((<uintptr_t>&packed_view[0]) + 63) // 64 * 64)
+        pl_pack_groups(wtype, &w[0], rows, cols, wt.packed, 0, (rows + PL_PACK_ROWS - 1) // PL_PACK_ROWS)
     cdef pl_matmul_scratch sc
     sc.xq_region = pl_matmul_xq_bytes(wtype, cols, n)
     xq = np.empty(3 * sc.xq_region + 64, dtype=np.uint8)
@@ -415,6 +427,7 @@ def convert_tensor(int src_type, const unsigned char[::1] data, int64_t rows, in
     t.rows = rows
     t.cols = cols
     t.data = &data[0]
+    t.packed = NULL
     cdef pl_pool *pool = pl_pool_create(threads)
     if pool == NULL:
         raise MemoryError("could not start threads")
@@ -426,6 +439,11 @@ def convert_tensor(int src_type, const unsigned char[::1] data, int64_t rows, in
         raise ValueError(f"cannot convert type {src_type} to type {dst_type}")
     return out
 
+
+
+def packed_type(int wtype) -> bool:
+    """Whether a model keeps a packed copy of matrices of this type (csrc/packed.h)."""
+    return bool(pl_packed_type(wtype))
 
 
 cdef int64_t _packed_bytes(int wtype, int64_t rows, int64_t cols) except -1:
@@ -588,7 +606,8 @@ cdef class CoreModel:
     slots: "tok_embd", "out_norm", ... and "layers.{i}.wq", ... -> a value for _fill_slot; a slot
     left out is absent. layers: per layer (sliding_window, rope index). ropes: (inv_freq float32
     (n_rot / 2,), scale) per rotary table. keep: objects (mmaps, arrays) that own the memory the
-    matrix addresses point into.
+    matrix addresses point into. pack: the matrix slots to give a packed copy (csrc/packed.h; a
+    type without a packed kernel is left as it is).
     """
     cdef pl_model m
     cdef pl_pool *pool
@@ -599,7 +618,7 @@ cdef class CoreModel:
     cdef public str kv_dtype  # the cache type of the sequences made for this model unless they name one
 
     def __cinit__(self, dict hparams, dict slots, list layers, list ropes, object keep, int threads,
-                  bint use_blas=True, tuple blas_controls=(0, 0)):
+                  bint use_blas=True, tuple blas_controls=(0, 0), frozenset pack=frozenset()):
         cdef list held = []
         self.keep = (keep, held)
         self.kv_dtype = "f32"
@@ -631,11 +650,14 @@ cdef class CoreModel:
             m.ropes[r].scale = scale
             held.append(inv_freq)
         cdef const pl_slot *slot
+        cdef list to_pack = []  # addresses of the pl_tensors named in pack
         for i in range(pl_model_slot_count()):
             slot = pl_model_slot(i)
             name = slot.name.decode()
             if name in slots:
                 _fill_slot(<char *>m, slot, slots[name], held)
+                if name in pack:
+                    to_pack.append(<uintptr_t>(<char *>m + slot.offset))
         m.layers = <pl_layer *>calloc(m.n_layers, sizeof(pl_layer))
         if m.layers == NULL:
             raise MemoryError()
@@ -648,6 +670,8 @@ cdef class CoreModel:
                 name = f"layers.{l}.{slot.name.decode()}"
                 if name in slots:
                     _fill_slot(<char *>L, slot, slots[name], held)
+                    if name in pack:
+                        to_pack.append(<uintptr_t>(<char *>L + slot.offset))
         self._check_vector_lengths(slots)
         m.sgemm = scipy_sgemm() if use_blas else NULL
         m.blas = _blas_controls(blas_controls)
@@ -658,6 +682,10 @@ cdef class CoreModel:
         if self.pool == NULL:
             raise MemoryError("could not start threads")
         self.n_threads = pl_pool_size(self.pool)
+        cdef uintptr_t address
+        for address in to_pack:
+            if pl_tensor_pack(<pl_tensor *>address, self.pool) != 0:
+                raise MemoryError("could not allocate the packed copies of the weights")
 
     def _check_vector_lengths(self, dict slots):
         """Norms and biases are read as far as the slot's size: shorter arrays never reach C."""
@@ -677,6 +705,7 @@ cdef class CoreModel:
     def __dealloc__(self):
         if self.pool != NULL:
             pl_pool_free(self.pool)
+        pl_model_unpack(&self.m)
         free(self.m.layers)
 
     @property

@@ -159,8 +159,30 @@ def build_core(
     # quantize-on-load end with the quantized bytes resident, not the file's as well.
     owned = {int(a.ctypes.data) for a in b.owned.values()}
     mapped = [v for k, v in slots.items() if _core._is_matrix(k) and v[3] not in owned]
+    pack = _packed_in_mapping(slots, bound)
     try:
-        return _core.CoreModel(hparams, slots, layers, ropes, ((keep, bound) if mapped else None, b.owned),
-                               threads, use_blas, openblas_thread_controls())
+        core = _core.CoreModel(hparams, slots, layers, ropes, ((keep, bound) if mapped else None, b.owned),
+                               threads, use_blas, openblas_thread_controls(), pack)
     except ValueError as e:
         raise FormatError(source, str(e)) from None
+    # The core multiplies by its packed copies: the file's pages of those matrices were read once
+    # to pack them and may leave memory (they come back only if read again, as the embedding rows
+    # of a tied head are), so the file's bytes do not stay resident beside the copies.
+    for key in pack:
+        info = bound[key]
+        info.file.release(info.offset, info.nbytes)
+    return core
+
+
+def _packed_in_mapping(slots: dict, bound: Mapping) -> frozenset:
+    """The matrix slots the core packs: types with a packed kernel, lying in a file's mapping as
+    the file stores them. A matrix re-encoded at load (dtype=) keeps its one owned copy instead:
+    packing it would hold both in memory."""
+    out = set()
+    for key, value in slots.items():
+        if key == "tok_embd" or not _core._is_matrix(key) or not _core.packed_type(int(value[0])):
+            continue
+        info = bound.get(key)  # a tied lm_head is bound to the embeddings' tensor
+        if isinstance(info, TensorInfo) and info.address == value[3]:
+            out.add(key)
+    return frozenset(out)

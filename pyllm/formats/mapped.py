@@ -34,6 +34,17 @@ class MappedFile:
             raise ValueError(f"span [{offset}, {offset + nbytes}) outside a file of {self.size} bytes")
         return memoryview(self._bytes[offset : offset + nbytes])
 
+    def release(self, offset: int, nbytes: int) -> None:
+        """Lets the whole pages inside [offset, offset + nbytes) leave memory: they are read again
+        from the file if touched. Where the OS has no such advice, nothing happens."""
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        if self._mm is None or advice is None or nbytes <= 0:
+            return
+        first = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = (offset + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if last > first:
+            self._mm.madvise(advice, first, last - first)
+
     def array(self, offset: int, nbytes: int) -> np.ndarray:
         """A read-only uint8 numpy view of bytes [offset, offset + nbytes)."""
         if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
