@@ -81,7 +81,7 @@ def test_chat_on_a_terminal_two_turns_ctrl_c_and_ctrl_d(smollm2_gguf):
     child = pexpect.spawn(sys.executable, ["-m", "pyllm", "chat", smollm2_gguf, "--max-tokens", "40"],
                           encoding="utf-8", timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     child.expect("> ")
-    child.sendline("What is the capital of France?")
+    child.sendline("Name the capital of France.")
     child.expect("Paris")
     child.expect("> ")
     child.sendline("And of Germany?")
@@ -192,7 +192,7 @@ def test_chat_at_the_context_limit_drops_old_turns_and_marks_a_cut_answer(smollm
     child = pexpect.spawn(sys.executable, ["-m", "pyllm", "chat", smollm2_gguf, "--n-ctx", "100"],
                           encoding="utf-8", timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     child.expect("> ")
-    child.sendline("What is the capital of France?")
+    child.sendline("Name the capital of France.")
     child.expect("Paris")
     child.expect("> ")
     child.sendline("Write a long story about a dragon.")

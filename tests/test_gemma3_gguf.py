@@ -45,16 +45,21 @@ def test_gemma3_tokens_match_transformers(gemma, oracle, text_ids):
     assert len(text_ids) == N_TOKENS + 1
 
 
-def test_gemma3_teacher_forced_argmax_and_perplexity_agree_with_transformers(gemma, oracle, text_ids):
+def test_gemma3_teacher_forced_argmax_and_perplexity_agree_with_transformers(gemma3_gguf, gemma, oracle, text_ids):
+    """Widened to float32 as transformers widens it, the same numbers; as the file is, 8-bit
+    activations (as llama.cpp's) move near ties only (observed: 96% argmax, perplexity 0.2%)."""
     model, _ = oracle
     ids = text_ids[:N_TOKENS]
-    ours = gemma.logits(ids)
     with torch.no_grad():
         theirs = model(torch.tensor([ids])).logits[0].float().numpy()
+    ppl_theirs = perplexity(theirs, ids)
+    wide = pyllm.load(gemma3_gguf, threads=2, dtype="f32").logits(ids)
+    assert float(np.mean(wide.argmax(-1) == theirs.argmax(-1))) >= 0.998
+    assert abs(perplexity(wide, ids) / ppl_theirs - 1) <= 1e-4
+    ours = gemma.logits(ids)
     agreement = float(np.mean(ours.argmax(-1) == theirs.argmax(-1)))
-    assert agreement >= 0.99, agreement
-    ppl_ours, ppl_theirs = perplexity(ours, ids), perplexity(theirs, ids)
-    assert abs(ppl_ours / ppl_theirs - 1) <= 0.005, (ppl_ours, ppl_theirs)
+    assert agreement >= 0.92, agreement
+    assert abs(perplexity(ours, ids) / ppl_theirs - 1) <= 0.03, (perplexity(ours, ids), ppl_theirs)
 
 
 def test_gemma3_greedy_continuation_is_transformers_on_the_same_numbers(gemma3_gguf, oracle):
