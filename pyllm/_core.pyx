@@ -606,8 +606,8 @@ cdef class CoreModel:
     slots: "tok_embd", "out_norm", ... and "layers.{i}.wq", ... -> a value for _fill_slot; a slot
     left out is absent. layers: per layer (sliding_window, rope index). ropes: (inv_freq float32
     (n_rot / 2,), scale) per rotary table. keep: objects (mmaps, arrays) that own the memory the
-    matrix addresses point into. pack: the matrix slots to give a packed copy (csrc/packed.h; a
-    type without a packed kernel is left as it is).
+    matrix addresses point into. pack: matrix slot -> a callable run once its packed copy is made
+    (csrc/packed.h; a type without a packed kernel is left as it is), or None.
     """
     cdef pl_model m
     cdef pl_pool *pool
@@ -618,7 +618,7 @@ cdef class CoreModel:
     cdef public str kv_dtype  # the cache type of the sequences made for this model unless they name one
 
     def __cinit__(self, dict hparams, dict slots, list layers, list ropes, object keep, int threads,
-                  bint use_blas=True, tuple blas_controls=(0, 0), frozenset pack=frozenset()):
+                  bint use_blas=True, tuple blas_controls=(0, 0), dict pack=None):
         cdef list held = []
         self.keep = (keep, held)
         self.kv_dtype = "f32"
@@ -650,14 +650,15 @@ cdef class CoreModel:
             m.ropes[r].scale = scale
             held.append(inv_freq)
         cdef const pl_slot *slot
-        cdef list to_pack = []  # addresses of the pl_tensors named in pack
+        pack = pack or {}
+        cdef list to_pack = []  # (address of a pl_tensor named in pack, its callable)
         for i in range(pl_model_slot_count()):
             slot = pl_model_slot(i)
             name = slot.name.decode()
             if name in slots:
                 _fill_slot(<char *>m, slot, slots[name], held)
                 if name in pack:
-                    to_pack.append(<uintptr_t>(<char *>m + slot.offset))
+                    to_pack.append((<uintptr_t>(<char *>m + slot.offset), pack[name]))
         m.layers = <pl_layer *>calloc(m.n_layers, sizeof(pl_layer))
         if m.layers == NULL:
             raise MemoryError()
@@ -671,7 +672,7 @@ cdef class CoreModel:
                 if name in slots:
                     _fill_slot(<char *>L, slot, slots[name], held)
                     if name in pack:
-                        to_pack.append(<uintptr_t>(<char *>L + slot.offset))
+                        to_pack.append((<uintptr_t>(<char *>L + slot.offset), pack[name]))
         self._check_vector_lengths(slots)
         m.sgemm = scipy_sgemm() if use_blas else NULL
         m.blas = _blas_controls(blas_controls)
@@ -683,9 +684,11 @@ cdef class CoreModel:
             raise MemoryError("could not start threads")
         self.n_threads = pl_pool_size(self.pool)
         cdef uintptr_t address
-        for address in to_pack:
+        for address, then in to_pack:
             if pl_tensor_pack(<pl_tensor *>address, self.pool) != 0:
                 raise MemoryError("could not allocate the packed copies of the weights")
+            if then is not None:
+                then()
 
     def _check_vector_lengths(self, dict slots):
         """Norms and biases are read as far as the slot's size: shorter arrays never reach C."""

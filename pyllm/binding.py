@@ -6,6 +6,7 @@ before its address reaches C. Matrices stay where they lie in the mmap; only the
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 import numpy as np
 
@@ -159,19 +160,16 @@ def build_core(
     # quantize-on-load end with the quantized bytes resident, not the file's as well.
     owned = {int(a.ctypes.data) for a in b.owned.values()}
     mapped = [v for k, v in slots.items() if _core._is_matrix(k) and v[3] not in owned]
-    pack = _packed_in_mapping(slots, bound)
+    # The core multiplies by its packed copies: the file's pages of each such matrix were read
+    # once to pack it and leave memory right after (they come back only if read again, as the
+    # embedding rows of a tied head are), so the file's bytes never stay resident beside the copies.
+    pack = {key: functools.partial(bound[key].file.release, bound[key].offset, bound[key].nbytes)
+            for key in _packed_in_mapping(slots, bound)}
     try:
-        core = _core.CoreModel(hparams, slots, layers, ropes, ((keep, bound) if mapped else None, b.owned),
+        return _core.CoreModel(hparams, slots, layers, ropes, ((keep, bound) if mapped else None, b.owned),
                                threads, use_blas, openblas_thread_controls(), pack)
     except ValueError as e:
         raise FormatError(source, str(e)) from None
-    # The core multiplies by its packed copies: the file's pages of those matrices were read once
-    # to pack them and may leave memory (they come back only if read again, as the embedding rows
-    # of a tied head are), so the file's bytes do not stay resident beside the copies.
-    for key in pack:
-        info = bound[key]
-        info.file.release(info.offset, info.nbytes)
-    return core
 
 
 def _packed_in_mapping(slots: dict, bound: Mapping) -> frozenset:
