@@ -83,17 +83,25 @@ const char *pl_model_check(const pl_model *m) {
 
 /* ---------------------------------------------------------------- packed copies */
 
+typedef struct {
+    pl_tensor *t;
+    int64_t g0, g1;
+} pack_job;
+
 static void pack_task(void *arg, int ith, int nth) {
-    pl_tensor *t = arg;
-    int64_t groups = (t->rows + PL_PACK_ROWS - 1) / PL_PACK_ROWS;
-    pl_pack_groups(t->type, t->data, t->rows, t->cols, t->packed, groups * ith / nth, groups * (ith + 1) / nth);
+    const pack_job *j = arg;
+    int64_t n = j->g1 - j->g0;
+    pl_pack_groups(j->t->type, j->t->data, j->t->rows, j->t->cols, j->t->packed, j->g0 + n * ith / nth,
+                   j->g0 + n * (ith + 1) / nth);
 }
 
-int pl_tensor_pack(pl_tensor *t, pl_pool *pool) {
-    if (t->packed || !t->data || !pl_packed_type(t->type)) return PL_OK;
-    t->packed = pl_alloc_aligned((size_t)pl_packed_bytes(t->type, t->rows, t->cols));
+int pl_tensor_pack(pl_tensor *t, pl_pool *pool, int64_t g0, int64_t g1) {
+    if (!t->data || !pl_packed_type(t->type)) return PL_OK;
+    if (g0 < 0 || g1 < g0 || g1 > (t->rows + PL_PACK_ROWS - 1) / PL_PACK_ROWS) return PL_ERR_ARGS;
+    if (!t->packed) t->packed = pl_alloc_aligned((size_t)pl_packed_bytes(t->type, t->rows, t->cols));
     if (!t->packed) return PL_ERR_NOMEM;
-    pl_pool_run(pool, pack_task, t);
+    pack_job j = {t, g0, g1};
+    pl_pool_run(pool, pack_task, &j);
     return PL_OK;
 }
 

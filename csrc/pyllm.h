@@ -280,10 +280,11 @@ typedef struct {
 
 /* Checks the model's shapes and types agree; 0 or a message for the caller to raise. */
 const char *pl_model_check(const pl_model *m);
-/* Gives a matrix whose type has a packed kernel (packed.h) its interleaved copy, packed on the
- * pool's threads: PL_OK (also where the type has none), PL_ERR_NOMEM. The model's copies are freed
- * by pl_model_unpack (idempotent). */
-int pl_tensor_pack(pl_tensor *t, pl_pool *pool);
+/* Packs row groups [g0, g1) of a matrix whose type has a packed kernel (packed.h) into its
+ * interleaved copy, on the pool's threads, allocating the copy at the first call (so a loader can
+ * release the source's pages piece by piece): PL_OK (also where the type has none), PL_ERR_NOMEM,
+ * PL_ERR_ARGS. The model's copies are freed by pl_model_unpack (idempotent). */
+int pl_tensor_pack(pl_tensor *t, pl_pool *pool, int64_t g0, int64_t g1);
 void pl_model_unpack(pl_model *m);
 
 /* One sequence: its KV cache, rotary tables and every activation buffer, allocated once. */

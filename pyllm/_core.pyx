@@ -104,7 +104,7 @@ cdef extern from "pyllm.h" nogil:
         pl_sgemm_fn sgemm
         pl_blas_threads blas
     const char *pl_model_check(const pl_model *m)
-    int pl_tensor_pack(pl_tensor *t, pl_pool *pool)
+    int pl_tensor_pack(pl_tensor *t, pl_pool *pool, int64_t g0, int64_t g1)
     void pl_model_unpack(pl_model *m)
     int pl_convert_tensor(pl_pool *pool, const pl_tensor *src, int dst_type, void *dst)
 
@@ -606,8 +606,9 @@ cdef class CoreModel:
     slots: "tok_embd", "out_norm", ... and "layers.{i}.wq", ... -> a value for _fill_slot; a slot
     left out is absent. layers: per layer (sliding_window, rope index). ropes: (inv_freq float32
     (n_rot / 2,), scale) per rotary table. keep: objects (mmaps, arrays) that own the memory the
-    matrix addresses point into. pack: matrix slot -> a callable run once its packed copy is made
-    (csrc/packed.h; a type without a packed kernel is left as it is), or None.
+    matrix addresses point into. pack: matrix slot -> None or release(start, nbytes), called for
+    each piece of the matrix's bytes once packed (csrc/packed.h; a type without a packed kernel is
+    left as it is).
     """
     cdef pl_model m
     cdef pl_pool *pool
@@ -683,12 +684,21 @@ cdef class CoreModel:
         if self.pool == NULL:
             raise MemoryError("could not start threads")
         self.n_threads = pl_pool_size(self.pool)
-        cdef uintptr_t address
-        for address, then in to_pack:
-            if pl_tensor_pack(<pl_tensor *>address, self.pool) != 0:
+        for address, release in to_pack:
+            self._pack(<pl_tensor *><uintptr_t>address, release)
+
+    cdef _pack(self, pl_tensor *t, object release):
+        """Packs t in pieces of about 4 MB of its bytes, each released (if asked) once packed: the
+        source and the copy are never both resident whole."""
+        cdef int64_t group_bytes = PL_PACK_ROWS * row_size(t.type, t.cols)
+        cdef int64_t groups = (t.rows + PL_PACK_ROWS - 1) // PL_PACK_ROWS
+        cdef int64_t step = max(1, (4 << 20) // group_bytes), g0, g1
+        for g0 in range(0, groups, step):
+            g1 = min(groups, g0 + step)
+            if pl_tensor_pack(t, self.pool, g0, g1) != 0:
                 raise MemoryError("could not allocate the packed copies of the weights")
-            if then is not None:
-                then()
+            if release is not None:
+                release(g0 * group_bytes, min(g1 * group_bytes, t.rows * row_size(t.type, t.cols)) - g0 * group_bytes)
 
     def _check_vector_lengths(self, dict slots):
         """Norms and biases are read as far as the slot's size: shorter arrays never reach C."""

@@ -163,13 +163,16 @@ def build_core(
     # The core multiplies by its packed copies: the file's pages of each such matrix were read
     # once to pack it and leave memory right after (they come back only if read again, as the
     # embedding rows of a tied head are), so the file's bytes never stay resident beside the copies.
-    pack = {key: functools.partial(bound[key].file.release, bound[key].offset, bound[key].nbytes)
-            for key in _packed_in_mapping(slots, bound)}
+    pack = {key: functools.partial(_release_span, bound[key]) for key in _packed_in_mapping(slots, bound)}
     try:
         return _core.CoreModel(hparams, slots, layers, ropes, ((keep, bound) if mapped else None, b.owned),
                                threads, use_blas, openblas_thread_controls(), pack)
     except ValueError as e:
         raise FormatError(source, str(e)) from None
+
+
+def _release_span(info: TensorInfo, start: int, nbytes: int) -> None:
+    info.file.release(info.offset + start, nbytes)
 
 
 def _packed_in_mapping(slots: dict, bound: Mapping) -> frozenset:

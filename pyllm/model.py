@@ -526,7 +526,8 @@ def _load_gguf(path: str, threads: int, dtype):
     except (KeyError, TypeError, ValueError) as e:
         raise FormatError(path, f"bad or missing metadata: {e}") from None
     bound = family.gguf_tensors(spec, gguf.tensors, path)
-    core = build_core(spec, bound, path, gguf, threads, dtype=dtype)
+    # the tokenizer first: building a large vocabulary's passes its peak of memory before the core
+    # holds its packed copies of the weights
     info = tokenizer_from_gguf(meta, source=path)
     tokenizer = Tokenizer(hf=info.tokenizer, bos_id=info.bos_id, eos_id=info.eos_id,
                           chat_template=info.chat_template)
@@ -535,6 +536,7 @@ def _load_gguf(path: str, threads: int, dtype):
     tokenizer.n_ids = info.n_ids
     _check_vocabulary(tokenizer, spec, path, "tokenizer.ggml.tokens",
                       f"the {spec.vocab_size} rows of token_embd.weight")
+    core = build_core(spec, bound, path, gguf, threads, dtype=dtype)
     return core, spec, tokenizer, set(info.eos_ids), {n: WeightSummary.of(t) for n, t in gguf.tensors.items()}
 
 
