@@ -10,7 +10,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from pyllm import hub
+from pyllm import _core, hub
 
 TEXT_PATH = "/usr/share/common-licenses/GPL-3"
 
@@ -143,3 +143,17 @@ def perplexity(logits: np.ndarray, ids: list[int]) -> float:
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+# The ISAs this CPU runs (set_isa falls back to scalar for the others).
+ISAS = [isa for isa in ("scalar", "avx2", "avx512", "neon") if _core.set_isa(isa) == isa]
+_core.set_isa("best")
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Each ISA this CPU runs, its kernels installed for the test; the best restored after."""
+    try:
+        yield _core.set_isa(request.param)
+    finally:
+        _core.set_isa("best")

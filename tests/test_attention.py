@@ -9,16 +9,7 @@ import pytest
 from pyllm import _core
 from test_ops import attention_ref
 
-ISAS = [isa for isa in ("scalar", "avx2", "avx512", "neon") if _core.set_isa(isa) == isa]
-_core.set_isa("best")
 
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    try:
-        yield _core.set_isa(request.param)
-    finally:
-        _core.set_isa("best")
 
 
 def bits(x: np.ndarray) -> np.ndarray:

@@ -10,17 +10,7 @@ from pyllm.blas import openblas_thread_controls
 from pyllm.dtypes import WeightType
 
 F32, F16, BF16 = int(WeightType.F32), int(WeightType.F16), int(WeightType.BF16)
-# The ISAs this CPU runs (set_isa falls back to scalar for the others).
-ISAS = [isa for isa in ("scalar", "avx2", "avx512", "neon") if _core.set_isa(isa) == isa]
-_core.set_isa("best")
 
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    try:
-        yield _core.set_isa(request.param)
-    finally:
-        _core.set_isa("best")
 
 
 def _bf16_bytes(x: np.ndarray) -> np.ndarray:

@@ -23,21 +23,12 @@ import pytest
 import pyllm
 from pyllm import _core
 
-ISAS = [isa for isa in ("scalar", "avx2", "avx512", "neon") if _core.set_isa(isa) == isa]
-_core.set_isa("best")
 
 FAMILY_ATOL = 2e-2    # tiny bf16 families: observed ≤ 5.7e-3
 SMOLLM2_ATOL = 2.5    # SmolLM2 Q4_1 through q8_1 activations: observed 1.9, as scalar vs AVX2 kernels
 SMOLLM2_F32_ACT_ATOL = 0.05  # its weights widened, activations in f32: observed 0.017
 GREEDY_MARGIN = 0.5
 
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    try:
-        yield _core.set_isa(request.param)
-    finally:
-        _core.set_isa("best")
 
 
 def _f16(x: np.ndarray) -> np.ndarray:
