@@ -1,6 +1,6 @@
 """Times the packed GEMM kernel (csrc/packed*.c) against the row kernels the matmul uses today.
 
-    python benchmarks/bench_packed.py [--types q4_1,q8_0] [--n 1,4,8,16,128] [--isa best]
+    python benchmarks/bench_packed.py [--types q4_1,q5_0,q8_0] [--n 1,4,8,16,128] [--isa best]
 
 One thread. For each weight type, a matrix that fits in L2 (~384 KiB) and a large one (~60 MB,
 memory-bound), multiplied by n activation rows already quantized to the type's vec_dot_type:
@@ -28,7 +28,7 @@ from bench import git_commit, machine, version  # noqa: E402
 from pyllm import _core  # noqa: E402
 from pyllm.dtypes import WeightType as W  # noqa: E402
 
-TYPES = {"q4_1": W.Q4_1, "q8_0": W.Q8_0}
+TYPES = {"q4_1": W.Q4_1, "q5_0": W.Q5_0, "q8_0": W.Q8_0}
 COLS = 1536
 
 
@@ -68,7 +68,7 @@ def best_time(fn, target_s: float = 0.2) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--types", default="q4_1,q8_0")
+    parser.add_argument("--types", default="q4_1,q5_0,q8_0")
     parser.add_argument("--n", default="1,4,8,16,128")
     parser.add_argument("--isa", default="best")
     parser.add_argument("--ghz", type=float, help="the core's clock for the cycle counts")

@@ -19,13 +19,20 @@
 /* The layout is the contract with every ISA's kernel and with the tests. */
 typedef char check_q4_1x8[sizeof(pl_block_q4_1x8) == 160 ? 1 : -1];
 typedef char check_q8_0x8[sizeof(pl_block_q8_0x8) == 272 ? 1 : -1];
+typedef char check_q5_0x8[sizeof(pl_block_q5_0x8) == 176 ? 1 : -1];
 
-pl_packed_kernels pl_packed = {pl_gemm_q4_1x8_scalar, pl_gemm_q8_0x8_scalar};
+pl_packed_kernels pl_packed = {pl_gemm_q4_1x8_scalar, pl_gemm_q5_0x8_scalar, pl_gemm_q8_0x8_scalar};
 
-int pl_packed_type(int type) { return type == PL_TYPE_Q4_1 || type == PL_TYPE_Q8_0; }
+int pl_packed_type(int type) { return type == PL_TYPE_Q4_1 || type == PL_TYPE_Q5_0 || type == PL_TYPE_Q8_0; }
+
+pl_packed_gemm_fn pl_packed_kernel_of(const pl_packed_kernels *k, int type) {
+    return type == PL_TYPE_Q4_1 ? k->q4_1 : type == PL_TYPE_Q5_0 ? k->q5_0 : k->q8_0;
+}
 
 static int64_t packed_block_size(int type) {
-    return type == PL_TYPE_Q4_1 ? (int64_t)sizeof(pl_block_q4_1x8) : (int64_t)sizeof(pl_block_q8_0x8);
+    return type == PL_TYPE_Q4_1   ? (int64_t)sizeof(pl_block_q4_1x8)
+           : type == PL_TYPE_Q5_0 ? (int64_t)sizeof(pl_block_q5_0x8)
+                                  : (int64_t)sizeof(pl_block_q8_0x8);
 }
 
 int64_t pl_packed_bytes(int type, int64_t rows, int64_t cols) {
@@ -51,12 +58,29 @@ static void pack_q8_0(const pl_block_q8_0 *const src[PL_PACK_ROWS], pl_block_q8_
     }
 }
 
+/* The low 4 bits move as q4_1's; the fifth bits of elements 4k + i and 16 + 4k + i go to bits k and
+ * 4 + k of the byte beside them. */
+static void pack_q5_0(const pl_block_q5_0 *const src[PL_PACK_ROWS], pl_block_q5_0x8 *dst) {
+    for (int r = 0; r < PL_PACK_ROWS; r++) {
+        dst->d[r] = src[r]->d;
+        uint32_t h = (uint32_t)src[r]->qh[0] | (uint32_t)src[r]->qh[1] << 8 | (uint32_t)src[r]->qh[2] << 16 |
+                     (uint32_t)src[r]->qh[3] << 24;
+        for (int k = 0; k < 4; k++) memcpy(&dst->qs[32 * k + 4 * r], &src[r]->qs[4 * k], 4);
+        for (int i = 0; i < 4; i++) {
+            unsigned byte = 0;
+            for (int k = 0; k < 4; k++)
+                byte |= (h >> (4 * k + i) & 1) << k | (h >> (16 + 4 * k + i) & 1) << (4 + k);
+            dst->qh[4 * r + i] = (uint8_t)byte;
+        }
+    }
+}
+
 int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *dst, int64_t g0, int64_t g1) {
     int64_t groups = (rows + PL_PACK_ROWS - 1) / PL_PACK_ROWS;
     if (pl_packed_bytes(type, rows, cols) < 0 || g0 < 0 || g1 < g0 || g1 > groups) return PL_ERR_ARGS;
     int64_t nb = cols / QK, row_bytes = pl_row_size(type, cols), bs = packed_block_size(type);
     /* Padding rows read a zero block: d = m = 0 and zero quants give exact zeros. */
-    static const uint8_t zero[sizeof(pl_block_q8_0)]; /* the larger of the two source blocks */
+    static const uint8_t zero[sizeof(pl_block_q8_0)]; /* the largest of the source blocks */
     for (int64_t g = g0; g < g1; g++)
         for (int64_t b = 0; b < nb; b++) {
             const void *blk[PL_PACK_ROWS];
@@ -68,6 +92,8 @@ int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *
             void *out = (char *)dst + (g * nb + b) * bs;
             if (type == PL_TYPE_Q4_1)
                 pack_q4_1((const pl_block_q4_1 *const *)blk, out);
+            else if (type == PL_TYPE_Q5_0)
+                pack_q5_0((const pl_block_q5_0 *const *)blk, out);
             else
                 pack_q8_0((const pl_block_q8_0 *const *)blk, out);
         }
@@ -84,7 +110,7 @@ int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int
             for (int64_t r = r0; r < r1; r++) y[t * ldy + r] = 0.0f;
         return PL_OK;
     }
-    pl_packed_gemm_fn kernel = type == PL_TYPE_Q4_1 ? pl_packed.q4_1 : pl_packed.q8_0;
+    pl_packed_gemm_fn kernel = pl_packed_kernel_of(&pl_packed, type);
     kernel(packed, cols / QK, r0 / PL_PACK_ROWS, (r1 + PL_PACK_ROWS - 1) / PL_PACK_ROWS, r1, x, x_stride, n, y, ldy);
     return PL_OK;
 }
@@ -117,6 +143,30 @@ void pl_gemm_q4_1x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g
             }
 }
 
+void pl_gemm_q5_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy) {
+    const pl_block_q5_0x8 *w = packed;
+    for (int64_t g = g0; g < g1; g++)
+        for (int r = 0; r < PL_PACK_ROWS && g * PL_PACK_ROWS + r < row_end; r++)
+            for (int t = 0; t < n; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)((const char *)x + t * x_stride);
+                float sd = 0.0f;
+                for (int64_t b = 0; b < nb; b++) {
+                    const pl_block_q5_0x8 *wb = &w[g * nb + b];
+                    int isum = 0;
+                    for (int k = 0; k < 4; k++)
+                        for (int i = 0; i < 4; i++) {
+                            int q = wb->qs[32 * k + 4 * r + i], h = wb->qh[4 * r + i];
+                            int lo = (q & 0xF) | (h >> k & 1) << 4, hi = (q >> 4) | (h >> (4 + k) & 1) << 4;
+                            isum += (lo - 16) * xb[b].qs[4 * k + i] + (hi - 16) * xb[b].qs[16 + 4 * k + i];
+                        }
+                    float scale = F16(wb->d[r]) * F16(xb[b].d);
+                    sd = fmaf((float)isum, scale, sd);
+                }
+                y[t * ldy + g * PL_PACK_ROWS + r] = sd;
+            }
+}
+
 void pl_gemm_q8_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                            const void *x, int64_t x_stride, int n, float *y, int64_t ldy) {
     const pl_block_q8_0x8 *w = packed;
@@ -139,6 +189,7 @@ void pl_gemm_q8_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g
 
 void pl_install_packed_kernels(int isa) {
     pl_packed.q4_1 = pl_gemm_q4_1x8_scalar;
+    pl_packed.q5_0 = pl_gemm_q5_0x8_scalar;
     pl_packed.q8_0 = pl_gemm_q8_0x8_scalar;
     /* An AVX-512 machine runs the AVX2 kernels: see packed_avx2.c. */
     if (isa == PL_ISA_AVX2 || isa == PL_ISA_AVX512) pl_install_packed_avx2();

@@ -18,6 +18,12 @@
  * 4k..4k+3 in the low nibbles and 16+4k..16+4k+3 in the high ones: multiplied against the
  * activation block's qs dwords at 4k and 16 + 4k, broadcast.
  * q8_0x8 is the same with 8 chunks of bytes: d[8], qs[32k + 4r + i] = q[r][4k + i], k < 8 (272 bytes).
+ * q5_0x8 keeps q4_1x8's qs for the low 4 bits and adds the 8 rows' fifth bits, one byte per qs lane:
+ *     d[8]        f16 scales
+ *     qh[32]      bit k of qh[4r + i] = bit 4 of q[r][4k + i], bit 4 + k = bit 4 of q[r][16 + 4k + i], k < 4
+ *     qs[128]     as q4_1x8 (the low 4 bits of q[r][e])
+ * (176 bytes, the 8 source blocks' size): for chunk k, qh shifted so that bit k (bit 4 + k) lands
+ * on bit 4 of each byte completes the low (high) nibbles to 5 bits, all chunks from one 32-byte qh.
  * Scales stay f16: the packed matrix is exactly as large as the source (decode is memory-bound).
  *
  * The float-order contract. For each output (weight row r, activation row t), isum_b = Σ_e q_w·q_x
@@ -26,6 +32,7 @@
  *                       sd = fmaf((float)isum_b, dw_b·dx_b, sd);  sm = fmaf(mw_b, sx_b, sm)
  *                   y = sd + sm
  *     q8_0 × q8_0:  sd = 0; for b in order: sd = fmaf((float)isum_b, dw_b·dx_b, sd);  y = sd
+ *     q5_0 × q8_0:  the same, isum_b = Σ_e (q_w − 16)·q_x (q_w the unsigned 5-bit value 0..31)
  * where dw_b·dx_b is one rounded f32 product of the widened f16 weight scale and the activation's
  * scale (q8_1: its f32 d; q8_0: its widened f16 d), mw_b the widened f16 min, sx_b the q8_1 block's
  * f32 s. The scalar reference spells this with fmaf (compiled without contraction), the SIMD kernels
@@ -49,7 +56,13 @@ typedef struct {
     int8_t qs[256];                            /* 8 chunks of 32 bytes */
 } pl_block_q8_0x8;                             /* 272 bytes: 8 q8_0 blocks */
 
-/* Whether weights of this type can be packed: Q4_1, Q8_0. */
+typedef struct {
+    uint16_t d[PL_PACK_ROWS];
+    uint8_t qh[32];                            /* the fifth bits, see above */
+    uint8_t qs[128];                           /* the low 4 bits: 4 chunks of 32 bytes as q4_1x8 */
+} pl_block_q5_0x8;                             /* 176 bytes: 8 q5_0 blocks */
+
+/* Whether weights of this type can be packed: Q4_1, Q5_0, Q8_0. */
 int pl_packed_type(int type);
 /* Bytes of a packed (rows, cols) matrix, rows padded to a multiple of 8; -1 for a type that cannot
  * be packed or cols not whole blocks. */
@@ -59,7 +72,7 @@ int64_t pl_packed_bytes(int type, int64_t rows, int64_t cols);
  * PL_OK, or PL_ERR_ARGS (nothing written) for a bad type, shape or group range. */
 int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *dst, int64_t g0, int64_t g1);
 /* y[t·ldy + r] = row r of W · activation row t, for r in [r0, r1) (r0 a multiple of 8, r1 ≤ rows)
- * and t < n. x: n rows of the type's vec_dot_type (q8_1 for q4_1, q8_0 for q8_0), x_stride bytes
+ * and t < n. x: n rows of the type's vec_dot_type (q8_1 for q4_1, q8_0 for q5_0 and q8_0), x_stride bytes
  * apart. Bit-identical for any n, r0, r1 and ISA. PL_OK, or PL_ERR_ARGS (nothing written). */
 int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
                    const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
@@ -69,15 +82,19 @@ int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int
 typedef void (*pl_packed_gemm_fn)(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                                   const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
 typedef struct {
-    pl_packed_gemm_fn q4_1, q8_0;
+    pl_packed_gemm_fn q4_1, q5_0, q8_0;
 } pl_packed_kernels;
 extern pl_packed_kernels pl_packed;
 
 /* The scalar references (packed.c), the kernels every ISA must equal bit for bit. */
 void pl_gemm_q4_1x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                            const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
+void pl_gemm_q5_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
 void pl_gemm_q8_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                            const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
+/* The kernel of a packable type in the table k. */
+pl_packed_gemm_fn pl_packed_kernel_of(const pl_packed_kernels *k, int type);
 
 /* Installs the packed kernels of isa (cpu.c's pl_set_isa); the per-ISA installers return 0 where
  * not compiled in. */

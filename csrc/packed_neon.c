@@ -148,6 +148,54 @@ static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const 
         store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t][0], sd[j][t][1], rows_left - j * PL_PACK_ROWS);
 }
 
+/* ================================================================ q5_0 × q8_0 */
+
+/* q − 16 made here as a signed byte (−16..15), so the block sums come out of the signed dot as in
+ * q8_0_tile: the same exact integers as the scalar Σ(q − 16)·x. */
+static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t nb, const int G, const char *x, int64_t xs,
+                                    const int T, float *y, int64_t ldy, int64_t rows_left) {
+    const uint8x16_t low4 = vdupq_n_u8(0x0F), bit4 = vdupq_n_u8(0x10);
+    const int8x16_t sixteen = vdupq_n_s8(16);
+    float32x4_t sd[2][4][2];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) UNROLLED for (int h = 0; h < 2; h++)
+        sd[j][t][h] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        int32x4_t acc[2][4][2];
+        int8x16_t x0[4], x1[4]; /* activation qs[0..16): low elements, qs[16..32): high ones */
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+            x0[t] = vld1q_s8(xb->qs);
+            x1[t] = vld1q_s8(xb->qs + 16);
+        }
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+            acc[j][t][0] = acc[j][t][1] = vdupq_n_s32(0);
+#define CHUNK(K)                                                                                           \
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int h = 0; h < 2; h++) {                       \
+            uint8x16_t v = vld1q_u8(w[j * nb + b].qs + 32 * (K) + 16 * h);                               \
+            uint8x16_t qh = vld1q_u8(w[j * nb + b].qh + 16 * h);                                         \
+            uint8x16_t hl = vandq_u8(vshlq_u8(qh, vdupq_n_s8(4 - (K))), bit4);                           \
+            uint8x16_t hh = vandq_u8(vshlq_u8(qh, vdupq_n_s8(-(K))), bit4);                              \
+            int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(v, low4), hl)), sixteen);        \
+            int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(v, 4), hh)), sixteen);         \
+            UNROLLED for (int t = 0; t < T; t++)                                                         \
+                acc[j][t][h] = DOT4(DOT4(acc[j][t][h], lo, x0[t], K), hi, x1[t], K);                     \
+        }
+        FOR_CHUNKS4(CHUNK)
+#undef CHUNK
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int h = 0; h < 2; h++) {
+            float32x4_t dw = f16x4(w[j * nb + b].d + 4 * h);
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                float32x4_t dx = vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(xb->d)));
+                float32x4_t scale = vmulq_f32(dw, dx);
+                sd[j][t][h] = vfmaq_f32(sd[j][t][h], vcvtq_f32_s32(acc[j][t][h]), scale);
+            }
+        }
+    }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t][0], sd[j][t][1], rows_left - j * PL_PACK_ROWS);
+}
+
 /* As packed_avx2.c's driver: two groups at a time for one activation row, else tiles of 4 rows. */
 #define PACKED_GEMM(NAME, BLOCK, TILE)                                                                      \
     static void NAME(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end, const void *vx, \
@@ -175,10 +223,12 @@ static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const 
     }
 
 PACKED_GEMM(gemm_q4_1x8_neon, pl_block_q4_1x8, q4_1_tile)
+PACKED_GEMM(gemm_q5_0x8_neon, pl_block_q5_0x8, q5_0_tile)
 PACKED_GEMM(gemm_q8_0x8_neon, pl_block_q8_0x8, q8_0_tile)
 
 int pl_install_packed_neon(void) {
     pl_packed.q4_1 = gemm_q4_1x8_neon;
+    pl_packed.q5_0 = gemm_q5_0x8_neon;
     pl_packed.q8_0 = gemm_q8_0x8_neon;
     return 1;
 }

@@ -17,7 +17,7 @@ from pyllm.dtypes import WeightType as W
 
 from test_quants import ACTIVATION_OF, ISAS, dot_tolerance, gaussian, np_dequantize, random_blocks, type_size
 
-PACKED_TYPES = [W.Q4_1, W.Q8_0]
+PACKED_TYPES = [W.Q4_1, W.Q5_0, W.Q8_0]
 QK = 32
 
 
@@ -65,6 +65,21 @@ def unpack(t: W, packed: np.ndarray, rows: int, cols: int) -> np.ndarray:
         lo, hi = qs & 0xF, qs >> 4                                           # elements 4k+i, 16+4k+i
         file_qs = (lo | hi << 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 16)  # qs[4k+i]
         blocks = np.concatenate([d.transpose(0, 2, 1, 3), m.transpose(0, 2, 1, 3), file_qs], axis=3)
+    elif t == W.Q5_0:  # d[8] (f16), qh[32], qs[128] as q4_1's: bits k, 4+k of qh[4r + i] = bit 4 of
+        p = packed.reshape(groups, nb, 176)  # elements 4k+i, 16+4k+i
+        d = p[:, :, 0:16].reshape(groups, nb, 8, 2)
+        qh = p[:, :, 16:48].reshape(groups, nb, 8, 4).astype(np.uint32)     # g, b, r, i
+        qs = p[:, :, 48:].reshape(groups, nb, 4, 8, 4)                       # g, b, k, r, i
+        file_qs = qs.transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 16)
+        i = np.arange(4, dtype=np.uint32)
+        h = np.zeros((groups, nb, 8), np.uint32)
+        for kk in range(4):
+            low = (qh >> kk) & 1                                             # g, b, r, i: element 4kk+i
+            high = (qh >> (4 + kk)) & 1                                      # element 16+4kk+i
+            h |= (low << (4 * kk + i)).sum(axis=3, dtype=np.uint32)
+            h |= (high << (16 + 4 * kk + i)).sum(axis=3, dtype=np.uint32)
+        file_qh = h.transpose(0, 2, 1)[..., None].view(np.uint8)            # little-endian u32
+        blocks = np.concatenate([d.transpose(0, 2, 1, 3), file_qh.reshape(groups, 8, nb, 4), file_qs], axis=3)
     else:  # d[8] (f16), qs[256]: qs[32k + 4r + i] = q[r][4k + i]
         p = packed.reshape(groups, nb, 272)
         d = p[:, :, 0:16].reshape(groups, nb, 8, 2)

@@ -599,6 +599,19 @@ static void unpack_group(int type, const void *packed, int64_t rows, int64_t col
                         /* low nibble: element 4k + i; high: 16 + 4k + i, the high nibble of qs[4k + i] */
                         o->qs[4 * k + i] = (uint8_t)((q & 0xF) | (q >> 4) << 4);
                     }
+            } else if (type == PL_TYPE_Q5_0) {
+                const pl_block_q5_0x8 *p = (const pl_block_q5_0x8 *)packed + g * nb + b;
+                pl_block_q5_0 *o = (pl_block_q5_0 *)out + b;
+                uint32_t h = 0;
+                o->d = p->d[r];
+                for (int k = 0; k < 4; k++)
+                    for (int i = 0; i < 4; i++) {
+                        uint8_t q = p->qs[32 * k + 4 * r + i], hb = p->qh[4 * r + i];
+                        o->qs[4 * k + i] = q; /* the low nibbles stay where q4_1's do */
+                        /* bit k: the fifth bit of element 4k + i; bit 4 + k: of element 16 + 4k + i */
+                        h |= (uint32_t)(hb >> k & 1) << (4 * k + i) | (uint32_t)(hb >> (4 + k) & 1) << (16 + 4 * k + i);
+                    }
+                for (int i = 0; i < 4; i++) o->qh[i] = (uint8_t)(h >> (8 * i));
             } else {
                 const pl_block_q8_0x8 *p = (const pl_block_q8_0x8 *)packed + g * nb + b;
                 pl_block_q8_0 *o = (pl_block_q8_0 *)out + b;
@@ -615,8 +628,8 @@ static void unpack_group(int type, const void *packed, int64_t rows, int64_t col
  * normal and extreme scales, activations quantized by the reference from rows of very different
  * magnitudes. Also: the packed layout unpacks into the source bytes (padding groups zero). */
 static void check_packed(ctx_t *c, int type) {
-    pl_packed_gemm_fn ks = type == PL_TYPE_Q4_1 ? c->simd->p.q4_1 : c->simd->p.q8_0;
-    pl_packed_gemm_fn kr = type == PL_TYPE_Q4_1 ? c->ref->p.q4_1 : c->ref->p.q8_0;
+    pl_packed_gemm_fn ks = pl_packed_kernel_of(&c->simd->p, type);
+    pl_packed_gemm_fn kr = pl_packed_kernel_of(&c->ref->p, type);
     stat_t *s = stat_of(type_name(c, type), "gemm_packed", ks != kr);
     stat_t *sl = stat_of(type_name(c, type), "pack_groups", 0);
     static const int rows_list[] = {1, 7, 8, 9, 24, 37}, cols_list[] = {32, 64, 576, 1536};
@@ -658,6 +671,11 @@ static void check_packed(ctx_t *c, int type) {
                             if (type == PL_TYPE_Q4_1) {
                                 pl_block_q4_1x8 *p = (pl_block_q4_1x8 *)pad;
                                 p->d[r] = p->m[r] = 0;
+                                for (int k = 0; k < 4; k++) memset(&p->qs[32 * k + 4 * r], 0, 4);
+                            } else if (type == PL_TYPE_Q5_0) {
+                                pl_block_q5_0x8 *p = (pl_block_q5_0x8 *)pad;
+                                p->d[r] = 0;
+                                memset(&p->qh[4 * r], 0, 4);
                                 for (int k = 0; k < 4; k++) memset(&p->qs[32 * k + 4 * r], 0, 4);
                             } else {
                                 pl_block_q8_0x8 *p = (pl_block_q8_0x8 *)pad;
@@ -998,7 +1016,7 @@ static uint64_t scalar_digest(const kernel_set *ref, int verbose) {
         pl_pack_groups(type, q, rows, cols, packed, 0, 2);
         gaussian(x, nbr * cols, &r);
         ref->t[t->vec_dot_type].from_f32(x, xq, nbr * cols);
-        (type == PL_TYPE_Q4_1 ? ref->p.q4_1 : ref->p.q8_0)(packed, cols / QK, 0, 2, rows, xq, xrow, (int)nbr, out, rows);
+        pl_packed_kernel_of(&ref->p, type)(packed, cols / QK, 0, 2, rows, xq, xrow, (int)nbr, out, rows);
         PART("gemm_packed", out, sizeof out);
         free(packed);
     }
