@@ -2,7 +2,6 @@
  * check that every present slot has the shape and type the model's sizes imply, and the packed
  * copies of its matrices. */
 #include <stddef.h>
-#include <stdlib.h>
 
 #include "kernels.h"
 #include "packed.h"
