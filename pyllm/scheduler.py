@@ -7,8 +7,9 @@ Each step (Engine.step):
   3. every job whose next-token logits are ready samples its token, emits it, and either finishes
      or joins this step's batch;
   4. the batch runs as one forward pass (pl_forward_batch: each weight read once for all rows);
-  5. one prefill chunk (PREFILL_CHUNK positions) of the oldest job still prefilling runs, so
-     a long prompt costs the others one chunk's delay per step instead of its whole prefill.
+  5. prefill chunks run, oldest job first, up to PREFILL_CHUNK positions in all (the first chunk
+     always): a long prompt costs the others one chunk's delay per step instead of its whole
+     prefill, and a burst of short prompts is in after one step, so their batch forms at once.
 
 Nothing here changes a job's numbers: its prompt is prefilled in the same position-aligned chunks
 every prefill uses (PREFILL_CHUNK), and a batch row takes the decode path of a solo step, so each job gets
@@ -178,7 +179,7 @@ class Engine:
             self._reclaim_taken_caches()
             batch = [j for j in list(self.running) if j.logits is not None and self._choose(j)]
             self._decode(batch)
-            self._prefill_one_chunk()
+            self._prefill_chunks()
 
     def _drop_cancelled(self) -> None:
         with self._lock:
@@ -238,21 +239,25 @@ class Engine:
                 job.logits = row
                 job.cache.used = self._tick()
 
-    def _prefill_one_chunk(self) -> None:
-        job = next((j for j in self.running if j.prefilling), None)
-        if job is None:
-            return
-        seq, context = job.cache.seq, job.context()
-        a, b = prefill_chunks(seq.pos, len(context))[0]
-        try:
-            logits = seq.forward(context[a:b])
-        except Exception as e:  # noqa: BLE001
-            self._fail(job, e)
-            return
-        job.cache.ids = whole_chunks(context[:b])
-        job.cache.used = self._tick()
-        if b == len(context):
-            job.logits = logits
+    def _prefill_chunks(self) -> None:
+        budget = PREFILL_CHUNK
+        for job in [j for j in self.running if j.prefilling]:
+            seq, context = job.cache.seq, job.context()
+            a, b = prefill_chunks(seq.pos, len(context))[0]
+            if b - a > budget and budget < PREFILL_CHUNK:
+                continue  # a later, shorter prompt may still fit this step
+            budget -= b - a
+            try:
+                logits = seq.forward(context[a:b])
+            except Exception as e:  # noqa: BLE001
+                self._fail(job, e)
+                continue
+            job.cache.ids = whole_chunks(context[:b])
+            job.cache.used = self._tick()
+            if b == len(context):
+                job.logits = logits
+            if budget <= 0:
+                return
 
     def _tick(self) -> int:
         self.model._clock += 1

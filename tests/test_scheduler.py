@@ -127,6 +127,26 @@ def test_a_long_prompt_prefills_a_chunk_per_step_between_the_others_tokens(famil
     assert_alone(llm, long, second, max_tokens=4)
 
 
+def test_a_burst_of_short_prompts_is_prefilled_in_one_step_within_the_chunk_budget(family_checkpoint):
+    """Prompts arriving together prefill together while their positions fit one chunk's budget, so
+    their batch forms at once; a prompt whose chunk does not fit what is left waits a step, and a
+    shorter one behind it still goes in."""
+    llm = pyllm.load(family_checkpoint("llama"), threads=2, parallel=5)
+    llm.eos_ids = set()
+    clock = [0]
+    engine = Engine(llm)
+    rng = np.random.default_rng(2)
+    short = [[int(i) for i in rng.integers(3, llm.vocab_size, n)] for n in (20, 30, 40)]
+    big = [int(i) for i in rng.integers(3, llm.vocab_size, PREFILL_CHUNK - 80)]  # 48: over what is left
+    tail = [int(i) for i in rng.integers(3, llm.vocab_size, 25)]
+    recs = [submit(engine, clock, ids, max_tokens=5)[1] for ids in short + [big, tail]]
+    run_engine(engine, clock)
+    # step 0 prefills 20 + 30 + 40 + 25 positions (115 of 128); the 48-token prompt goes in at step 1
+    assert [r.steps[0] for r in recs] == [1, 1, 1, 2, 1]
+    for ids, rec in zip(short + [big, tail], recs):
+        assert_alone(llm, ids, rec, max_tokens=5)
+
+
 def test_a_shared_prefix_is_reused_in_whole_chunks_with_the_same_tokens(real):
     llm = real
     llm.reset()
