@@ -21,6 +21,7 @@ import base64
 import hmac
 import json
 import os
+import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -102,6 +103,35 @@ class Job:
         self.handle = None
 
 
+class Mailbox:
+    """Events from the scheduler's thread to the requests' queues on the event loop. A step emits a
+    token for every running job; posting each with call_soon_threadsafe would wake the loop once per
+    token, so posts made while a delivery is pending join it: one wake-up per step under load."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list = []
+
+    def post(self, queue: asyncio.Queue, item) -> None:
+        """Called on any thread; item reaches queue (put_nowait) on the loop."""
+        with self._lock:
+            self._items.append((queue, item))
+            if len(self._items) > 1:
+                return  # the delivery scheduled by the first post takes this one too
+        try:
+            self.loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop has closed: the server is shutting down
+            with self._lock:
+                self._items.clear()
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
 class Server:
     """The app's state: the model, its scheduler and the names it answers to."""
 
@@ -111,6 +141,7 @@ class Server:
         self.names = model_names(source, model.source) | {self.id}
         self.created = _now()
         self.scheduler = Scheduler(model, max_queue=max_queue)
+        self._mailbox: Mailbox | None = None
 
     def check_model(self, name: str) -> None:
         if name not in self.names:
@@ -173,16 +204,13 @@ class Server:
     def submit(self, jobs: list[Job], req: Sampling, max_tokens: int, logprobs: int | None,
                events: asyncio.Queue) -> None:
         """Submits every job, or none: a full queue or a refused job cancels those already in."""
-        loop = asyncio.get_running_loop()
+        mailbox = self.mailbox(asyncio.get_running_loop())
         stop = self.stops(req)
         settings = [self.sampling(req, j.index % req.n) for j in jobs]
 
         def deliver(job: Job):
             def on_event(event) -> None:  # on the scheduler's thread
-                try:
-                    loop.call_soon_threadsafe(events.put_nowait, (job, event))
-                except RuntimeError:  # the loop has closed: the server is shutting down
-                    pass
+                mailbox.post(events, (job, event))
             return on_event
 
         try:
@@ -200,6 +228,11 @@ class Server:
             if isinstance(e, ValueError):
                 raise APIError(400, str(e), None, "invalid_value") from None
             raise
+
+    def mailbox(self, loop: asyncio.AbstractEventLoop) -> "Mailbox":
+        if self._mailbox is None or self._mailbox.loop is not loop:
+            self._mailbox = Mailbox(loop)
+        return self._mailbox
 
     def cancel(self, jobs: list[Job]) -> None:
         for job in jobs:
