@@ -191,6 +191,43 @@ static void matmul_f32_few_rows(const pl_matmul_out *o, const float *x, int n, c
     }
 }
 
+/* Rows [begin, end) of the outputs taken as one range of sum(rows). */
+static void group_rows(const pl_matmul_out *outs, int n_outs, int64_t begin, int64_t end, const void **xv,
+                       const int64_t *xrow, int n) {
+    int64_t base = 0;
+    for (int i = 0; i < n_outs && begin < end; i++) {
+        int64_t lo = begin > base ? begin - base : 0;
+        int64_t hi = end - base < outs[i].w->rows ? end - base : outs[i].w->rows;
+        if (hi > lo) dot_rows(&outs[i], lo, hi, xv[i], xrow[i], n);
+        base += outs[i].w->rows;
+    }
+}
+
+/* Rows dealt on demand come in chunks of whole 16-row blocks (as row_range's, so that threads never
+ * share a cache line of y and packed groups stay whole): about four per thread, at most 512 rows, so
+ * that a thread the system stops for a moment holds back little while the others take the rest — but
+ * never under ~2^18 multiply-adds, a few microseconds, against which taking a chunk costs little.
+ * Which thread computes a row changes none of its bits. */
+static int64_t chunk_rows(int64_t rows, int64_t cols, int n, int nth) {
+    int64_t blocks = (rows + 15) / 16, per = (blocks + 4 * nth - 1) / (4 * nth);
+    int64_t least = ((1 << 18) / (cols * n) + 15) / 16;
+    if (per > 32) per = 32;
+    if (per < least) per = least;
+    return per * 16;
+}
+
+/* The activations in the weights' vec_dot types; whether the rows are then dealt on demand
+ * (pl_pool_take_chunk) rather than cut by row_range: when a conversion needs a barrier anyway,
+ * thread 0 resets the pool's counter before it (the barrier after the previous matmul ended that
+ * one's takes). */
+static int start_rows(const pl_matmul_out *outs, int n_outs, const float *x, int n, const pl_matmul_scratch *sc,
+                      pl_pool *pool, int ith, int nth, const void **xv, int64_t *xrow) {
+    if (!prepare_activations(outs, n_outs, x, n, sc, ith, nth, xv, xrow)) return 0;
+    if (nth > 1 && ith == 0) pl_pool_reset_chunks(pool);
+    pl_barrier(pool);
+    return nth > 1;
+}
+
 void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
                const pl_matmul_scratch *sc, pl_pool *pool, int ith, int nth) {
     if (sc->sgemm && batch >= PL_BLAS_MIN_TOKENS) {
@@ -206,19 +243,35 @@ void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int
     }
     const void *xv[PL_MATMUL_MAX_OUTS];
     int64_t xrow[PL_MATMUL_MAX_OUTS];
-    if (prepare_activations(outs, n_outs, x, n, sc, ith, nth, xv, xrow)) pl_barrier(pool);
+    int dealt = start_rows(outs, n_outs, x, n, sc, pool, ith, nth, xv, xrow);
 
     /* The group's rows as one range: q, k and v together balance better than each alone. */
     int64_t total = 0;
     for (int i = 0; i < n_outs; i++) total += outs[i].w->rows;
     int64_t begin, end;
-    row_range(total, ith, nth, &begin, &end);
-    int64_t base = 0;
-    for (int i = 0; i < n_outs && begin < end; i++) {
-        int64_t lo = begin > base ? begin - base : 0;
-        int64_t hi = end - base < outs[i].w->rows ? end - base : outs[i].w->rows;
-        if (hi > lo) dot_rows(&outs[i], lo, hi, xv[i], xrow[i], n);
-        base += outs[i].w->rows;
+    if (!dealt) {
+        row_range(total, ith, nth, &begin, &end);
+        group_rows(outs, n_outs, begin, end, xv, xrow, n);
+        return;
+    }
+    const int64_t step = chunk_rows(total, outs[0].w->cols, n, nth);
+    for (int64_t c = pl_pool_take_chunk(pool) * step; c < total; c = pl_pool_take_chunk(pool) * step)
+        group_rows(outs, n_outs, c, c + step < total ? c + step : total, xv, xrow, n);
+}
+
+/* The MLP's activation on columns [begin, end) of every token's gate (and up) row. */
+static void activate(int gated, int activation, float *gate, const float *up, int64_t ld, int n, int64_t begin,
+                     int64_t end) {
+    int rows = (int)(end - begin);
+    for (int tok = 0; tok < n && rows > 0; tok++) {
+        float *g = gate + tok * ld + begin;
+        const float *u = up + tok * ld + begin;
+        if (!gated)
+            pl_vec.gelu(g, rows); /* pl_model_check allows a plain MLP with gelu_tanh only */
+        else if (activation == PL_ACT_GELU_TANH)
+            pl_vec.geglu(g, u, rows);
+        else
+            pl_swiglu(g, u, rows);
     }
 }
 
@@ -241,18 +294,16 @@ void pl_matmul_glu(const pl_tensor *w_gate, const pl_tensor *w_up, const float *
     } else {
         const void *xv[2];
         int64_t xrow[2];
-        if (prepare_activations(outs, n_outs, x, n, sc, ith, nth, xv, xrow)) pl_barrier(pool);
+        if (start_rows(outs, n_outs, x, n, sc, pool, ith, nth, xv, xrow)) {
+            const int64_t step = chunk_rows(w_up->rows, w_up->cols, n, nth);
+            for (int64_t c = pl_pool_take_chunk(pool) * step; c < w_up->rows; c = pl_pool_take_chunk(pool) * step) {
+                int64_t hi = c + step < w_up->rows ? c + step : w_up->rows;
+                for (int i = 0; i < n_outs; i++) dot_rows(&outs[i], c, hi, xv[i], xrow[i], n);
+                activate(w_gate != NULL, activation, gate, up, ld, n, c, hi);
+            }
+            return;
+        }
         for (int i = 0; i < n_outs; i++) dot_rows(&outs[i], begin, end, xv[i], xrow[i], n);
     }
-    int rows = (int)(end - begin);
-    for (int tok = 0; tok < n && rows > 0; tok++) {
-        float *g = gate + tok * ld + begin;
-        const float *u = up + tok * ld + begin;
-        if (!w_gate)
-            pl_vec.gelu(g, rows); /* pl_model_check allows a plain MLP with gelu_tanh only */
-        else if (activation == PL_ACT_GELU_TANH)
-            pl_vec.geglu(g, u, rows);
-        else
-            pl_swiglu(g, u, rows);
-    }
+    activate(w_gate != NULL, activation, gate, up, ld, n, begin, end);
 }

@@ -66,6 +66,7 @@ struct pl_pool {
     atomic_int arrived;  /* threads at the current barrier */
     atomic_int phase;    /* bumped when a barrier opens */
     atomic_int sleepers; /* threads blocked on wake */
+    atomic_llong chunk;  /* the next chunk of a dealt phase (pl_pool_take_chunk) */
     pl_mutex lock;
     pl_cond wake;
 };
@@ -176,6 +177,10 @@ void pl_pool_free(pl_pool *p) {
 }
 
 int pl_pool_size(const pl_pool *p) { return p->n_threads; }
+
+void pl_pool_reset_chunks(pl_pool *p) { atomic_store_explicit(&p->chunk, 0, memory_order_relaxed); }
+
+int64_t pl_pool_take_chunk(pl_pool *p) { return atomic_fetch_add_explicit(&p->chunk, 1, memory_order_relaxed); }
 
 void pl_pool_run(pl_pool *p, pl_task_fn fn, void *arg) {
     if (p->n_threads == 1) {
