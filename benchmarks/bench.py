@@ -3,6 +3,8 @@
     python benchmarks/bench.py                                  # pyllm + transformers f32/bf16
     python benchmarks/bench.py --gguf ~/.cache/pyllm/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --threads 2 --out benchmarks/RESULTS.md                 # + llama.cpp and pyllm on the GGUF
+    python benchmarks/bench.py --model FILE.gguf --engines pyllm,llama.cpp --pyllm-kv-dtype f16 \\
+        --prefill-lengths 2048 --decode-at 2000,4000 --decode-tokens 64   # long contexts
 
 Every engine runs in its own subprocess (started again for every repeat), so its peak RSS is its own
 and no engine inherits another's threads, allocator state or warm caches. The parent only tokenizes the
@@ -30,9 +32,10 @@ sys.path.insert(0, REPO)  # time the pyllm of this checkout, not an installed on
 DEFAULT_MODEL = os.path.expanduser("~/.cache/pyllm/smollm2-135m-instruct-bf16")
 ENGINES = ("pyllm", "transformers-f32", "transformers-bf16", "llama.cpp")
 PROMPT_FILE = "/usr/share/common-licenses/GPL-3"  # real English, long enough, on every Debian/Ubuntu
-PREFILL_LENGTHS = (128, 512)
-DECODE_PROMPT = 128  # decode starts after a prompt of this many tokens
-N_CTX = 2048  # every engine gets the same context size, so cache allocation is comparable
+PREFILL_LENGTHS = (128, 512)  # --prefill-lengths
+DECODE_PROMPT = 128  # decode starts after a prompt of this many tokens (--decode-at)
+N_CTX = 2048  # every engine gets the same context size, so cache allocation is comparable (more
+             # when a prompt or decode position needs it)
 CHECK_TOKENS = 16  # greedy tokens compared across engines to show each one ran the same model
 RESULT_MARK = "BENCH_RESULT "  # the child's one stdout line the parent reads
 
@@ -43,15 +46,17 @@ RESULT_MARK = "BENCH_RESULT "  # the child's one stdout line the parent reads
 # ----------------------------------------------------------------------------------------------
 
 class PyllmEngine:
-    def __init__(self, source: str, threads: int, dtype: str | None):
+    def __init__(self, source: str, threads: int, dtype: str | None, n_ctx: int, kv_dtype: str | None):
         import numpy as np
 
         import pyllm
 
         self.np = np
-        kwargs = {"threads": threads, "n_ctx": N_CTX}
+        kwargs = {"threads": threads, "n_ctx": n_ctx}
         if dtype:  # only when asked: older pyllm builds have no dtype argument
             kwargs["dtype"] = dtype
+        if kv_dtype:
+            kwargs["kv_dtype"] = kv_dtype
         self.llm = pyllm.load(source, **kwargs)
 
     def prefill(self, ids: list[int]) -> int:
@@ -95,14 +100,14 @@ class TransformersEngine:
 
 
 class LlamaCppEngine:
-    def __init__(self, path: str, threads: int):
+    def __init__(self, path: str, threads: int, n_ctx: int):
         import llama_cpp
         import numpy as np
 
         self.np = np
         self.llama_cpp = llama_cpp
         self.llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_threads_batch=threads,
-                                   n_ctx=N_CTX, n_batch=512, verbose=False)
+                                   n_ctx=n_ctx, n_batch=512, verbose=False)  # its cache: f16
         self.n_vocab = self.llm.n_vocab()
         # Which SIMD paths and thread runtime (OpenMP or not) this llama.cpp build has: a wheel
         # built without the CPU's features would make the comparison unfair, so the table says.
@@ -126,12 +131,13 @@ class LlamaCppEngine:
 
 def open_engine(spec: dict):
     kind, source, threads = spec["engine"], spec["source"], spec["threads"]
+    n_ctx = spec.get("n_ctx", N_CTX)
     if kind == "pyllm":
-        return PyllmEngine(source, threads, spec.get("dtype"))
+        return PyllmEngine(source, threads, spec.get("dtype"), n_ctx, spec.get("kv_dtype"))
     if kind.startswith("transformers-"):
         return TransformersEngine(source, threads, kind.split("-", 1)[1])
     if kind == "llama.cpp":
-        return LlamaCppEngine(source, threads)
+        return LlamaCppEngine(source, threads, n_ctx)
     raise ValueError(f"unknown engine {kind!r}")
 
 
@@ -202,13 +208,17 @@ def run_child(spec: dict) -> dict:
         return {"error": f"unsupported: {type(e).__name__}: {e}".splitlines()[0][:200]}
     # Untimed warm-up prefill at the longest length: the first long prefill allocates scratch
     # buffers and the KV cache, and torch picks its kernels; the timed runs then see steady state.
-    engine.prefill(ids[:max(PREFILL_LENGTHS)])
+    prefill_lengths = spec.get("prefill_lengths", PREFILL_LENGTHS)
+    engine.prefill(ids[:max(prefill_lengths)])
     result = {"load_s": load_s}
     if hasattr(engine, "build"):
         result["build"] = engine.build
-    for n in PREFILL_LENGTHS:
+    for n in prefill_lengths:
         result[f"prefill{n}"] = time_prefill(engine, ids[:n])
-    result["decode"], result["tokens"] = time_decode(engine, ids[:DECODE_PROMPT], spec["decode_tokens"])
+    for i, p in enumerate(spec.get("decode_at", [DECODE_PROMPT])):
+        result[f"decode{p}"], tokens = time_decode(engine, ids[:p], spec["decode_tokens"])
+        if i == 0:
+            result["tokens"] = tokens
     result["rss_mb"] = peak_rss_mb()
     return result
 
@@ -332,7 +342,7 @@ def plan_runs(args) -> list[dict]:
     return runs
 
 
-def combine(results: list[dict], how: str) -> dict:
+def combine(results: list[dict], how: str, columns: list[str]) -> dict:
     """Repeats -> one figure per metric: best (or median) time/throughput, highest peak RSS."""
     ok = [r for r in results if "error" not in r]
     if not ok:
@@ -340,11 +350,11 @@ def combine(results: list[dict], how: str) -> dict:
     pick_max = max if how == "best" else statistics.median
     pick_min = min if how == "best" else statistics.median
     out = {"load_s": pick_min(r["load_s"] for r in ok), "rss_mb": max(r["rss_mb"] for r in ok),
-           "decode": pick_max(r["decode"] for r in ok), "tokens": ok[0]["tokens"]}
+           "tokens": ok[0]["tokens"]}
     if "build" in ok[0]:
         out["build"] = ok[0]["build"]
-    for n in PREFILL_LENGTHS:
-        out[f"prefill{n}"] = pick_max(r[f"prefill{n}"] for r in ok)
+    for key in columns:
+        out[key] = pick_max(r[key] for r in ok)
     if len(ok) < len(results):
         out["note"] = f"{len(results) - len(ok)} of {len(results)} repeats failed"
     return out
@@ -403,6 +413,13 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}×" if b else "-"
 
 
+def columns(args) -> list[tuple[str, str]]:
+    """(result key, column title) of every throughput the children time."""
+    cols = [(f"prefill{n}", f"prefill {n}") for n in args.prefill_lengths]
+    default = args.decode_at == [DECODE_PROMPT]
+    return cols + [(f"decode{p}", "decode" if default else f"decode at {p}") for p in args.decode_at]
+
+
 def render(args, runs, combined, warnings) -> str:
     import pyllm
 
@@ -417,14 +434,17 @@ def render(args, runs, combined, warnings) -> str:
         f"torch {version('torch')}; transformers {version('transformers')}; "
         f"llama_cpp {version('llama_cpp_python')}"),
         f"- pyllm {pyllm.__version__}, commit {git_commit()}",
-        (f"- prompt: the first {max(PREFILL_LENGTHS)} tokens of {os.path.basename(PROMPT_FILE)}, the same "
-        f"ids for every engine; decode: {args.decode_tokens} greedy tokens after a {DECODE_PROMPT}-token "
-        f"prompt, first step untimed; repeats: {args.repeats}, each a fresh process, "
+        (f"- prompt: the first {prompt_length(args)} tokens of {os.path.basename(PROMPT_FILE)}, the same "
+        f"ids for every engine; decode: {args.decode_tokens} greedy tokens after a prompt of "
+        f"{', '.join(map(str, args.decode_at))} tokens, first step untimed; context {n_ctx(args)}; "
+        f"repeats: {args.repeats}, each a fresh process, "
         f"{'best' if args.stat == 'best' else 'median'} of them shown (peak RSS: the highest)"),
+        (f"- KV cache: pyllm {args.pyllm_kv_dtype or 'f32'}, llama.cpp f16 (its default), transformers "
+         f"the model's dtype"),
         "",
-        ("| engine | model file | weights | load s | prefill 128 tok/s | prefill 512 tok/s | "
-        "decode tok/s | peak RSS MB |"),
-        "|---|---|---|--:|--:|--:|--:|--:|",
+        ("| engine | model file | weights | load s | " + " | ".join(f"{t} tok/s" for _, t in columns(args))
+         + " | peak RSS MB |"),
+        "|---|---|---|--:|" + "--:|" * len(columns(args)) + "--:|",
     ]
     for run in runs:
         r = combined[run["row"]]
@@ -435,11 +455,10 @@ def render(args, runs, combined, warnings) -> str:
         if wanted and wanted.lower() != weights:
             weights = f"{wanted} (from {weights} at load)"
         if "error" in r:
-            lines.append(f"| {run['row']} | {source} | {weights} | {r['error']} | | | | |")
+            lines.append(f"| {run['row']} | {source} | {weights} | {r['error']} |" + " |" * (len(columns(args)) + 1))
             continue
         lines.append(f"| {run['row']} | {source} | {weights} | {fmt(r['load_s'], 2)} | "
-                     f"{fmt(r['prefill128'])} | {fmt(r['prefill512'])} | {fmt(r['decode'])} | "
-                     f"{fmt(r['rss_mb'], 0)} |")
+                     + "".join(f"{fmt(r[key])} | " for key, _ in columns(args)) + f"{fmt(r['rss_mb'], 0)} |")
 
     # Ratios pair pyllm with each engine on the same file: the folder for transformers, the GGUF
     # (when pyllm could load it) for llama.cpp.
@@ -454,13 +473,12 @@ def render(args, runs, combined, warnings) -> str:
     if pairs:
         lines += ["", ("pyllm ÷ other engine on the same file (throughput: above 1 = pyllm faster; "
                   "load time and RSS: below 1 = pyllm lighter):"), "",
-                  "| pyllm row | vs | load | prefill 128 | prefill 512 | decode | peak RSS |",
-                  "|---|---|--:|--:|--:|--:|--:|"]
+                  "| pyllm row | vs | load | " + " | ".join(t for _, t in columns(args)) + " | peak RSS |",
+                  "|---|---|--:|" + "--:|" * len(columns(args)) + "--:|"]
         for mine, theirs, a, b in pairs:
             lines.append(f"| {mine} | {theirs} | {ratio(a['load_s'], b['load_s'])} | "
-                         f"{ratio(a['prefill128'], b['prefill128'])} | "
-                         f"{ratio(a['prefill512'], b['prefill512'])} | {ratio(a['decode'], b['decode'])} | "
-                         f"{ratio(a['rss_mb'], b['rss_mb'])} |")
+                         + "".join(f"{ratio(a[key], b[key])} | " for key, _ in columns(args))
+                         + f"{ratio(a['rss_mb'], b['rss_mb'])} |")
 
     # Same greedy continuation = same model run on the same ids (bf16 and 4-bit rows may drift).
     checks = []
@@ -475,11 +493,21 @@ def render(args, runs, combined, warnings) -> str:
     notes = [f"{row}: {r['note']}" for row, r in combined.items() if "note" in r] + warnings
     notes += [f"{row} build: {r['build']}" for row, r in combined.items() if "build" in r]
     if checks:
-        notes.append(f"greedy tokens after the {DECODE_PROMPT}-token prompt that agree with pyllm on "
+        notes.append(f"greedy tokens after the {args.decode_at[0]}-token prompt that agree with pyllm on "
                      f"the same file before the first difference: " + ", ".join(checks))
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def prompt_length(args) -> int:
+    return max(args.prefill_lengths + args.decode_at)
+
+
+def n_ctx(args) -> int:
+    """N_CTX, or room for the longest prompt and its decode (a multiple of 256)."""
+    need = max(max(args.prefill_lengths), max(args.decode_at) + args.decode_tokens + 2)
+    return max(N_CTX, (need + 255) // 256 * 256)
 
 
 def main(argv=None) -> int:
@@ -492,7 +520,13 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per engine")
     parser.add_argument("--stat", choices=("best", "median"), default="best", help="how repeats combine")
     parser.add_argument("--decode-tokens", type=int, default=128)
+    parser.add_argument("--prefill-lengths", default=",".join(map(str, PREFILL_LENGTHS)),
+                        help="comma list of prompt lengths to time prefill at")
+    parser.add_argument("--decode-at", default=str(DECODE_PROMPT),
+                        help="comma list of positions (prompt lengths) decode starts at")
     parser.add_argument("--pyllm-dtype", help='passed to pyllm.load(dtype=...), e.g. "q8_0", "q4_0", "bf16"')
+    parser.add_argument("--pyllm-kv-dtype", choices=("f32", "f16"),
+                        help="pyllm's KV cache type (pyllm.load(kv_dtype=...)); llama.cpp's is f16")
     parser.add_argument("--out", help="append the table to this markdown file (e.g. benchmarks/RESULTS.md)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -511,10 +545,15 @@ def main(argv=None) -> int:
         args.gguf = args.gguf or args.model
         if args.gguf != args.model:
             parser.error("--model and --gguf name different GGUF files")
-    if DECODE_PROMPT + args.decode_tokens + 2 > N_CTX:
-        parser.error(f"--decode-tokens must be at most {N_CTX - DECODE_PROMPT - 2}")
+    try:
+        args.prefill_lengths = [int(x) for x in args.prefill_lengths.split(",") if x.strip()]
+        args.decode_at = [int(x) for x in args.decode_at.split(",") if x.strip()]
+    except ValueError:
+        parser.error("--prefill-lengths and --decode-at take comma lists of integers")
+    if not args.prefill_lengths or not args.decode_at or min(args.prefill_lengths + args.decode_at) < 1:
+        parser.error("--prefill-lengths and --decode-at need positive lengths")
 
-    ids = prompt_ids(args.model, max(PREFILL_LENGTHS))
+    ids = prompt_ids(args.model, prompt_length(args))
     warnings = []
     if args.gguf and args.gguf != args.model:
         problem = check_gguf_vocab(args.gguf, args.model, ids)
@@ -530,16 +569,19 @@ def main(argv=None) -> int:
             if "skip" in run:
                 continue
             spec = {"engine": run["engine"], "source": run["source"], "dtype": run.get("dtype"),
-                    "threads": args.threads, "ids": ids, "decode_tokens": args.decode_tokens}
+                    "threads": args.threads, "ids": ids, "decode_tokens": args.decode_tokens,
+                    "prefill_lengths": args.prefill_lengths, "decode_at": args.decode_at, "n_ctx": n_ctx(args),
+                    "kv_dtype": args.pyllm_kv_dtype}
             t0 = time.perf_counter()
             result = spawn(spec, args.threads)
             results[run["row"]].append(result)
-            status = result.get("error") or (f"prefill512 {result['prefill512']:.1f} tok/s, "
-                                             f"decode {result['decode']:.1f} tok/s, "
-                                             f"peak RSS {result['rss_mb']:.1f} MB")
+            status = result.get("error") or ", ".join(
+                [f"{title} {result[key]:.1f} tok/s" for key, title in columns(args)]
+                + [f"peak RSS {result['rss_mb']:.1f} MB"])
             print(f"[{rep + 1}/{args.repeats}] {run['row']}: {status} ({time.perf_counter() - t0:.0f} s)",
                   file=sys.stderr, flush=True)
-    combined = {run["row"]: ({"error": run["skip"]} if "skip" in run else combine(results[run["row"]], args.stat))
+    keys = [key for key, _ in columns(args)]
+    combined = {run["row"]: ({"error": run["skip"]} if "skip" in run else combine(results[run["row"]], args.stat, keys))
                 for run in runs}
     table = render(args, runs, combined, warnings)
     print(table)
