@@ -156,6 +156,9 @@ int64_t pl_matmul_xq_bytes(int type, int64_t cols, int n);
 /* 64-byte aligned blocks (a cache line; every SIMD width), freed with pl_free_aligned. */
 void *pl_alloc_aligned(size_t bytes);
 void pl_free_aligned(void *p);
+/* Hands the heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing): a
+ * loader's large, short-lived Python objects would otherwise stay resident after they are freed. */
+void pl_trim_heap(void);
 
 struct pl_state {
     int n_ctx, n_batch, n_threads;

@@ -20,6 +20,13 @@ void *pl_alloc_aligned(size_t n) {
 void pl_free_aligned(void *p) { free(p); }
 #endif
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+void pl_trim_heap(void) { malloc_trim(0); }
+#else
+void pl_trim_heap(void) {}
+#endif
+
 /* Calls fn on every matrix the forward multiplies by (tok_embd and pos_embd are only read by row). */
 static void for_each_weight(const pl_model *m, void (*fn)(const pl_tensor *, void *), void *arg) {
     for (int l = 0; l < m->n_layers; l++)

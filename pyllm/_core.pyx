@@ -148,6 +148,7 @@ cdef extern from "kernels.h" nogil:
     int64_t pl_matmul_xq_bytes(int type, int64_t cols, int n)
     enum: PL_BLAS_MIN_TOKENS
     void pl_pool_run(pl_pool *pool, void (*fn)(void *arg, int ith, int nth) noexcept nogil, void *arg)
+    void pl_trim_heap()
 
 cdef extern from "packed.h" nogil:
     enum: PL_PACK_ROWS
@@ -734,6 +735,12 @@ def _is_matrix(key: str) -> bool:
 
 
 KV_DTYPES = {"f32": 0, "f16": 1}  # the cache's element type → its pl_type
+
+
+def trim_heap() -> None:
+    """Returns the C heap's free pages to the system (glibc; elsewhere nothing): what a loader's
+    short-lived objects (a large vocabulary's merge list) leave behind once freed."""
+    pl_trim_heap()
 
 
 def check_kv_dtype(kv_dtype) -> str:

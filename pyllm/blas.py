@@ -12,8 +12,6 @@ import ctypes
 import glob
 import os
 
-import scipy
-
 _PREFIXES = ("scipy_openblas_", "openblas_")
 
 
@@ -27,6 +25,8 @@ def _candidate_libraries() -> list[str]:
                     found.append(path)
     except OSError:
         pass
+    import scipy  # here, not at import: a quantized model never loads SciPy's BLAS
+
     root = os.path.dirname(scipy.__file__)
     for pattern in ("../scipy.libs/*openblas*", ".dylibs/*openblas*", "../scipy.libs/*.dll"):
         found += [p for p in glob.glob(os.path.join(root, pattern)) if p not in found]

@@ -29,7 +29,7 @@ from .scoring import Score, check_window, token_logprobs
 from .threads import default_threads
 from .tokenizer import Tokenizer
 from .trace import Trace, check_captures, check_layers, run_trace
-from .tokenizer_gguf import tokenizer_from_gguf
+from .tokenizer_gguf import VOCABULARY_ARRAYS, tokenizer_from_gguf
 
 DEFAULT_MAX_CONTEXT = 4096  # the cache is sized for this unless n_ctx says otherwise
 MAX_THREADS = 1024  # more than any CPU this runs on has cores; a larger count is a mistake
@@ -529,6 +529,11 @@ def _load_gguf(path: str, threads: int, dtype):
     # the tokenizer first: building a large vocabulary's passes its peak of memory before the core
     # holds its packed copies of the weights
     info = tokenizer_from_gguf(meta, source=path)
+    # The vocabulary lives in the tokenizer now; gguf stays alive with the core (it owns the mapping),
+    # and its lists of every token, score and type (~40 MB for a 262k vocabulary) need not.
+    for key in VOCABULARY_ARRAYS:
+        meta.pop(key, None)
+    _core.trim_heap()
     tokenizer = Tokenizer(hf=info.tokenizer, bos_id=info.bos_id, eos_id=info.eos_id,
                           chat_template=info.chat_template)
     tokenizer.bos_token = info.tokenizer.id_to_token(info.bos_id) if info.bos_id is not None else None

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from operator import itemgetter
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
@@ -38,6 +40,9 @@ from tokenizers.models import BPE
 from .errors import FormatError, UnsupportedModelError
 
 METADATA = "<gguf metadata>"
+# The per-token arrays tokenizer_from_gguf reads: once it has built the tokenizer, nothing needs them.
+VOCABULARY_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+                     "tokenizer.ggml.merges")
 
 # llama.cpp's token types (`tokenizer.ggml.token_type`, enum llama_token_type).
 TOKEN_NORMAL = 1
@@ -301,12 +306,13 @@ def _sentencepiece(
     if gemma:
         tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {token: i for i, token in enumerate(tokens)}
+    unk = "<unk>" if gemma and "<unk>" in vocab else None
     if merges is None:
         priority = {token: -i for i, token in enumerate(tokens)} if gemma else dict(zip(tokens, scores))
-        merges = _merges_from_vocab(vocab, priority)
+        merges = list(_merges_from_vocab(vocab, priority))
+        del priority
     else:
         _check_merges(merges, vocab, source)
-    unk = "<unk>" if gemma and "<unk>" in vocab else None
     tokenizer = Tokenizer(
         BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None, unk_token=unk)
     )
@@ -352,8 +358,8 @@ def _check_merges(merges: List[Tuple[str, str]], vocab: Dict[str, int], source: 
 _SHORT_TOKEN = 64
 
 
-def _merges_from_vocab(vocab: Dict[str, int], priority: Dict[str, float]) -> List[Tuple[str, str]]:
-    """Every split of a token into two tokens, the best-scored token's first.
+def _merges_from_vocab(vocab: Dict[str, int], priority: Dict[str, float]) -> Iterator[Tuple[str, str]]:
+    """Every split of a token into two tokens, the best-scored token's first (yielded in order).
 
     The order is that of transformers' `generate_merges`: priority, then the longer left part, then
     the longer right part; ties keep vocabulary order (two splits of one token never tie, so
@@ -363,13 +369,15 @@ def _merges_from_vocab(vocab: Dict[str, int], priority: Dict[str, float]) -> Lis
     A long token is cut only where both parts can be tokens: where a short token starts (ends) it,
     found by looking up its first (last) _SHORT_TOKEN prefixes (suffixes), or where a long token
     does, found by _affix_lengths. The whole is linear in the characters of the vocabulary (one
-    400,000-character token took half a minute when every cut was tried).
+    400,000-character token took half a minute when every cut was tried). The splits found are kept
+    as (token, cut) numbers and sorted as arrays; the pairs of strings are made as they are yielded.
     """
     long_tokens = [token for token in vocab if len(token) > _SHORT_TOKEN]
     long_prefixes = _affix_lengths(long_tokens)
     long_suffixes = _affix_lengths([token[::-1] for token in long_tokens])
-    found = []  # (priority, len(left), len(right), left, right)
-    for token, score in priority.items():
+    ordered = list(priority)
+    which, cut, score = array("q"), array("q"), array("d")
+    for i, token in enumerate(ordered):
         n = len(token)
         if n <= _SHORT_TOKEN:
             cuts = range(1, n)
@@ -379,13 +387,19 @@ def _merges_from_vocab(vocab: Dict[str, int], priority: Dict[str, float]) -> Lis
             rights = {k for k in short if token[n - k:] in vocab}.union(long_suffixes.get(token[::-1], ()))
             cuts = sorted(k for k in lefts if n - k in rights)
         for k in cuts:
-            left = token[:k]
-            if left in vocab:
-                right = token[k:]
-                if right in vocab:
-                    found.append((score, k, n - k, left, right))
-    found.sort(key=itemgetter(0, 1, 2), reverse=True)  # stable, also when reversed
-    return [(left, right) for _, _, _, left, right in found]
+            if token[:k] in vocab and token[k:] in vocab:
+                which.append(i)
+                cut.append(k)
+                score.append(priority[token])
+    which_a, cut_a = np.frombuffer(which, dtype=np.int64), np.frombuffer(cut, dtype=np.int64)
+    lengths = np.fromiter((len(t) for t in ordered), dtype=np.int64, count=len(ordered))
+    # descending (priority, left length, right length); lexsort is stable, so ties keep their order
+    order = np.lexsort((cut_a - lengths[which_a], -cut_a, -np.frombuffer(score, dtype=np.float64)))
+    del score
+    for start in range(0, len(order), 65536):
+        for j in order[start:start + 65536].tolist():
+            token, k = ordered[which[j]], cut[j]
+            yield token[:k], token[k:]
 
 
 def _affix_lengths(tokens: List[str]) -> Dict[str, List[int]]:
