@@ -77,3 +77,14 @@ def test_supported_isas_leaves_the_kernels_in_use(restore_isa):
     _core.set_isa("scalar")
     assert system.supported_isas()[0] == "scalar" and _core.best_isa() in system.supported_isas()
     assert _core.current_isa() == "scalar"
+
+
+def test_a_quantized_model_runs_without_loading_scipys_blas(smollm2_gguf, family_checkpoint):
+    """sgemm serves only models whose every matrix is float: a quantized one never imports SciPy
+    (its OpenBLAS is ~30 MB resident, with a thread pool of its own); a float one does."""
+    code = ("import sys, pyllm; llm = pyllm.load(sys.argv[1], threads=2); llm.generate('Hi', max_tokens=2); "
+            "print('scipy' in sys.modules)")
+    quantized = pyllm_process("-c", code, smollm2_gguf)
+    assert quantized.stdout.strip() == "False", quantized.stderr
+    floating = pyllm_process("-c", code, family_checkpoint("llama"))
+    assert floating.stdout.strip() == "True", floating.stderr
