@@ -286,6 +286,9 @@ typedef struct {
 
 /* Checks the model's shapes and types agree; 0 or a message for the caller to raise. */
 const char *pl_model_check(const pl_model *m);
+/* Whether a matrix the forward multiplies by (a layer's or the head) is quantized: then every state
+ * multiplies 8-bit activations at every batch size and m->sgemm serves nothing (pl_state_create). */
+int pl_model_quantized(const pl_model *m);
 /* Packs row groups [g0, g1) of a matrix whose type has a packed kernel (packed.h) into its
  * interleaved copy, on the pool's threads, allocating the copy at the first call (so a loader can
  * release the source's pages piece by piece): PL_OK (also where the type has none), PL_ERR_NOMEM,

@@ -41,7 +41,7 @@ static void for_each_weight(const pl_model *m, void (*fn)(const pl_tensor *, voi
 typedef struct {
     int n_batch;
     int64_t xq_region, max_cols;
-    int any_converted, any_quantized;
+    int any_converted;
 } scratch_needs;
 
 static void measure(const pl_tensor *w, void *arg) {
@@ -50,7 +50,16 @@ static void measure(const pl_tensor *w, void *arg) {
     if (b > need->xq_region) need->xq_region = b;
     if (w->cols > need->max_cols) need->max_cols = w->cols;
     if (w->type != PL_TYPE_F32) need->any_converted = 1;
-    if (pl_traits(w->type)->vec_dot_type != PL_TYPE_F32) need->any_quantized = 1;
+}
+
+static void find_quantized(const pl_tensor *w, void *arg) {
+    if (pl_traits(w->type)->vec_dot_type != PL_TYPE_F32) *(int *)arg = 1;
+}
+
+int pl_model_quantized(const pl_model *m) {
+    int any = 0;
+    for_each_weight(m, find_quantized, &any);
+    return any;
 }
 
 void pl_state_free(pl_state *s) {
@@ -93,7 +102,7 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
     s->kstage = pl_alloc_aligned((size_t)n_batch * s->kv_dim * f);
     s->vstage = pl_alloc_aligned((size_t)n_batch * s->kv_dim * f);
 
-    scratch_needs need = {n_batch, 0, 0, 0, 0};
+    scratch_needs need = {n_batch, 0, 0, 0};
     for_each_weight(m, measure, &need);
     s->mm.xq_region = (need.xq_region + 63) / 64 * 64;
     s->mm.xq = pl_alloc_aligned((size_t)(PL_MATMUL_MAX_OUTS * s->mm.xq_region));
@@ -101,7 +110,7 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
      * per-query path: a position's numbers are then the same in a prefill of any length, a decode
      * step and a batched step (sgemm's f32 activations would differ, and requantizing the next
      * layer's input amplifies any difference). Float weights keep sgemm from PL_BLAS_MIN_TOKENS. */
-    s->mm.sgemm = need.any_quantized ? NULL : m->sgemm;
+    s->mm.sgemm = pl_model_quantized(m) ? NULL : m->sgemm;
     s->mm.per_thread_blas = m->blas.set_threads && m->blas.get_threads;
     s->scores = pl_alloc_aligned((size_t)n_threads * pl_attention_scores_floats(m, n_ctx, s->mm.sgemm != NULL) * f);
     if (s->mm.sgemm && kv_type != PL_TYPE_F32) {

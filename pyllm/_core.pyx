@@ -104,6 +104,7 @@ cdef extern from "pyllm.h" nogil:
         pl_sgemm_fn sgemm
         pl_blas_threads blas
     const char *pl_model_check(const pl_model *m)
+    int pl_model_quantized(const pl_model *m)
     int pl_tensor_pack(pl_tensor *t, pl_pool *pool, int64_t g0, int64_t g1)
     void pl_model_unpack(pl_model *m)
     int pl_convert_tensor(pl_pool *pool, const pl_tensor *src, int dst_type, void *dst)
@@ -620,7 +621,7 @@ cdef class CoreModel:
     cdef public str kv_dtype  # the cache type of the sequences made for this model unless they name one
 
     def __cinit__(self, dict hparams, dict slots, list layers, list ropes, object keep, int threads,
-                  bint use_blas=True, tuple blas_controls=(0, 0), dict pack=None):
+                  bint use_blas=True, object blas_controls=None, dict pack=None):
         cdef list held = []
         self.keep = (keep, held)
         self.kv_dtype = "f32"
@@ -676,8 +677,12 @@ cdef class CoreModel:
                     if name in pack:
                         to_pack.append((<uintptr_t>(<char *>L + slot.offset), pack[name]))
         self._check_vector_lengths(slots)
+        # sgemm serves only a model whose every matrix is float: a quantized one never loads SciPy's
+        # BLAS (~30 MB resident, a thread pool of its own). blas_controls() gives OpenBLAS's thread
+        # controls, (set, get) addresses, asked for only then.
+        use_blas = use_blas and not pl_model_quantized(m)
         m.sgemm = scipy_sgemm() if use_blas else NULL
-        m.blas = _blas_controls(blas_controls)
+        m.blas = _blas_controls(blas_controls() if use_blas and blas_controls is not None else (0, 0))
         cdef const char *err = pl_model_check(m)
         if err != NULL:
             raise ValueError(err.decode())

@@ -164,23 +164,11 @@ def build_core(
     # once to pack it and leave memory right after (they come back only if read again, as the
     # embedding rows of a tied head are), so the file's bytes never stay resident beside the copies.
     pack = {key: functools.partial(_release_span, bound[key]) for key in _packed_in_mapping(slots, bound)}
-    use_blas = use_blas and not _any_quantized(slots)
     try:
         return _core.CoreModel(hparams, slots, layers, ropes, ((keep, bound) if mapped else None, b.owned),
-                               threads, use_blas, openblas_thread_controls() if use_blas else (0, 0), pack)
+                               threads, use_blas, openblas_thread_controls, pack)
     except ValueError as e:
         raise FormatError(source, str(e)) from None
-
-
-_FLOAT_TYPES = frozenset({WeightType.F32, WeightType.F16, WeightType.BF16})
-
-
-def _any_quantized(slots: dict) -> bool:
-    """Whether a matrix the forward multiplies by (a layer's, or the head) is quantized: then every
-    state runs the 8-bit path (csrc/state.c), sgemm serves nothing, and SciPy's OpenBLAS — ~30 MB
-    resident and a thread pool of its own — is never loaded."""
-    return any(int(value[0]) not in _FLOAT_TYPES for key, value in slots.items()
-               if _core._is_matrix(key) and (key == "lm_head" or key.startswith("layers.")))
 
 
 def _release_span(info: TensorInfo, start: int, nbytes: int) -> None:

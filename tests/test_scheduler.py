@@ -127,11 +127,14 @@ def test_a_long_prompt_prefills_a_chunk_per_step_between_the_others_tokens(famil
     assert_alone(llm, long, second, max_tokens=4)
 
 
-def test_a_burst_of_short_prompts_is_prefilled_in_one_step_within_the_chunk_budget(family_checkpoint):
+@pytest.mark.parametrize("which", ["float", "q4_1"])
+def test_a_burst_of_short_prompts_is_prefilled_in_one_step_within_the_chunk_budget(which, family_checkpoint,
+                                                                                    smollm2_gguf):
     """Prompts arriving together prefill together while their positions fit one chunk's budget, so
     their batch forms at once; a prompt whose chunk does not fit what is left waits a step, and a
-    shorter one behind it still goes in."""
-    llm = pyllm.load(family_checkpoint("llama"), threads=2, parallel=5)
+    shorter one behind it still goes in. On a tiny float checkpoint and on the real Q4_1 file."""
+    source = family_checkpoint("llama") if which == "float" else smollm2_gguf
+    llm = pyllm.load(source, threads=2, parallel=5)
     llm.eos_ids = set()
     clock = [0]
     engine = Engine(llm)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import pyllm
+from pyllm import _core
 from pyllm.scheduler import PREFILL_CHUNK
 
 from conftest import english_text, perplexity
@@ -152,3 +153,16 @@ def test_reused_prefix_gives_the_bits_of_a_fresh_run_on_quantized_weights(gguf_m
     assert gguf_model.tokens_processed - before == len(ids) - PREFILL_CHUNK
     assert np.array_equal(reused, fresh)
     assert np.abs(reused - gguf_model.logits(ids)[-1]).max() <= 1e-4  # the head's batch path
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_any_thread_count_gives_the_same_bits(gguf_model, smollm2_gguf, text_ids, threads):
+    """Matrix rows are dealt to the threads in chunks as each finishes the last (README): which
+    thread computes a row, and how many there are, changes none of the logits' bits — for a prefill
+    and for decode steps."""
+    other = pyllm.load(smollm2_gguf, threads=threads)
+    ids = text_ids[:150]
+    np.testing.assert_array_equal(other.logits(ids), gguf_model.logits(ids))
+    mine, theirs = (_core.CoreSequence(m._core, 64) for m in (gguf_model, other))
+    for token in ids[:20]:
+        np.testing.assert_array_equal(theirs.forward([token]), mine.forward([token]))
