@@ -76,14 +76,13 @@ static attn_split split_batch(const pl_model *m, int pos0, int n, int window, in
 
 /* Scores, softmax and weighted sum of one item's queries (token-major: query i is token t0 + i / nh,
  * head h0 + i % nh), every query's operations those of pl_attention_per_query. */
-static void attend_item(const pl_model *m, const attn_item *it, const float *q, const void *k_cache,
-                        const void *v_cache, int kv_type, int pos0, int window, float *out, float *scores,
-                        const pl_probs_out *probs) {
-    const int hd = m->head_dim, qd = m->n_heads * hd, kv_dim = m->n_kv_heads * hd;
+static void attend_item(const pl_model *m, const attn_item *it, const float *q, const pl_kv_view *kv, int pos0,
+                        int window, float *out, float *scores, const pl_probs_out *probs) {
+    const int hd = m->head_dim, qd = m->n_heads * hd;
     const int group = m->n_heads / m->n_kv_heads;
     const int nq = it->nt * it->nh;
     const int j0 = window_lo(pos0 + it->t0, window), span = pos0 + it->t0 + it->nt - j0; /* keys [j0, j0 + span) */
-    const int64_t at = (int64_t)j0 * kv_dim + (int64_t)(it->h0 / group) * hd;
+    const int64_t at = (int64_t)(it->h0 / group) * kv->head_stride + (int64_t)j0 * kv->ld;
     const float *qs[ATTN_MAX_Q] = {0};
     float *ys[ATTN_MAX_Q] = {0};
     int first[ATTN_MAX_Q], end[ATTN_MAX_Q];
@@ -94,10 +93,10 @@ static void attend_item(const pl_model *m, const attn_item *it, const float *q, 
         first[i] = window_lo(pos0 + t, window) - j0, end[i] = pos0 + t - j0 + 1;
     }
     /* every query's dots with every key of the block; each uses its own [first, end) */
-    if (kv_type == PL_TYPE_F16)
-        pl_vec.dot_f16_qk(qs, nq, (const uint16_t *)k_cache + at, kv_dim, span, hd, scores, span);
+    if (kv->type == PL_TYPE_F16)
+        pl_vec.dot_f16_qk(qs, nq, (const uint16_t *)kv->k + at, kv->ld, span, hd, scores, span);
     else
-        pl_vec.dot_f32_qk(qs, nq, (const float *)k_cache + at, kv_dim, span, hd, scores, span);
+        pl_vec.dot_f32_qk(qs, nq, (const float *)kv->k + at, kv->ld, span, hd, scores, span);
     for (int i = 0; i < nq; i++) {
         float *row = scores + (int64_t)i * span + first[i];
         int len = end[i] - first[i];
@@ -107,17 +106,16 @@ static void attend_item(const pl_model *m, const attn_item *it, const float *q, 
         if (probs) copy_probs(probs, it->h0 + i % it->nh, it->t0 + i / it->nh, j0 + first[i], row, len);
         for (int e = 0; e < hd; e++) ys[i][e] = 0.0f;
     }
-    if (kv_type == PL_TYPE_F16)
-        pl_vec.axpy_f16_qk(ys, nq, scores, span, first, end, (const uint16_t *)v_cache + at, kv_dim, hd);
+    if (kv->type == PL_TYPE_F16)
+        pl_vec.axpy_f16_qk(ys, nq, scores, span, first, end, (const uint16_t *)kv->v + at, kv->ld, hd);
     else
-        pl_vec.axpy_f32_qk(ys, nq, scores, span, first, end, (const float *)v_cache + at, kv_dim, hd);
+        pl_vec.axpy_f32_qk(ys, nq, scores, span, first, end, (const float *)kv->v + at, kv->ld, hd);
 }
 
 /* Items are cut by split_batch and dealt in order as contiguous runs of about equal cost: each
  * thread an item's share by where the middle of its cost falls. */
-void pl_attention(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
-                  int pos0, int n, int window, float *out, float *scores, int64_t n_scores,
-                  const pl_probs_out *probs, int ith, int nth) {
+void pl_attention(const pl_model *m, const float *q, const pl_kv_view *kv, int pos0, int n, int window, float *out,
+                  float *scores, int64_t n_scores, const pl_probs_out *probs, int ith, int nth) {
     const int group = m->n_heads / m->n_kv_heads;
     attn_split sp = split_batch(m, pos0, n, window, n_scores, nth);
     int64_t total = 0;
@@ -132,7 +130,7 @@ void pl_attention(const pl_model *m, const float *q, const void *k_cache, const 
         int64_t owner = (2 * before + cost) * nth / (2 * total);
         before += cost;
         if (owner == ith || (owner >= nth && ith == nth - 1))
-            attend_item(m, &it, q, k_cache, v_cache, kv_type, pos0, window, out, scores, probs);
+            attend_item(m, &it, q, kv, pos0, window, out, scores, probs);
     }
 }
 
@@ -142,37 +140,36 @@ void pl_attention(const pl_model *m, const float *q, const void *k_cache, const 
  *   out[t, h] = softmax(scale · q[t, h] · K[j]ᵀ for j in the window) · V[j]
  * where the window is (p - W, p] with W = window, or [0, p] when window is 0, and K/V are the
  * head's KV group. With a soft-cap, scores become cap·tanh(score / cap) before the softmax. */
-void pl_attention_per_query(const pl_model *m, const float *q, const void *k_cache, const void *v_cache,
-                            int kv_type, int pos0, int n, int window, float *out, float *scores,
-                            const pl_probs_out *probs, int ith, int nth) {
+void pl_attention_per_query(const pl_model *m, const float *q, const pl_kv_view *kv, int pos0, int n, int window,
+                            float *out, float *scores, const pl_probs_out *probs, int ith, int nth) {
     const int hd = m->head_dim, n_heads = m->n_heads;
-    const int kv_dim = m->n_kv_heads * hd;
+    const int64_t ld = kv->ld;
     const int group = n_heads / m->n_kv_heads;
     for (int item = ith; item < n * n_heads; item += nth) {
         int t = item / n_heads, h = item % n_heads;
         int p = pos0 + t;
         int lo = window_lo(p, window);
         const float *qh = q + (int64_t)t * n_heads * hd + (int64_t)h * hd;
-        const int64_t head = (int64_t)(h / group) * hd;
+        const int64_t at = (int64_t)(h / group) * kv->head_stride + (int64_t)lo * ld;
         int len = p - lo + 1;
-        if (kv_type == PL_TYPE_F16) {
-            const uint16_t *kh = (const uint16_t *)k_cache + head + (int64_t)lo * kv_dim;
-            for (int j = 0; j < len; j++) scores[j] = m->attn_scale * pl_vec.dot_f16(qh, kh + (int64_t)j * kv_dim, hd);
+        if (kv->type == PL_TYPE_F16) {
+            const uint16_t *kh = (const uint16_t *)kv->k + at;
+            for (int j = 0; j < len; j++) scores[j] = m->attn_scale * pl_vec.dot_f16(qh, kh + j * ld, hd);
         } else {
-            const float *kh = (const float *)k_cache + head + (int64_t)lo * kv_dim;
-            for (int j = 0; j < len; j++) scores[j] = m->attn_scale * pl_vec.dot_f32(qh, kh + (int64_t)j * kv_dim, hd);
+            const float *kh = (const float *)kv->k + at;
+            for (int j = 0; j < len; j++) scores[j] = m->attn_scale * pl_vec.dot_f32(qh, kh + j * ld, hd);
         }
         if (m->attn_softcap > 0) pl_softcap(scores, len, m->attn_softcap);
         pl_softmax(scores, len);
         if (probs) copy_probs(probs, h, t, lo, scores, len);
         float *oh = out + (int64_t)t * n_heads * hd + (int64_t)h * hd;
         for (int i = 0; i < hd; i++) oh[i] = 0.0f;
-        if (kv_type == PL_TYPE_F16) {
-            const uint16_t *vh = (const uint16_t *)v_cache + head + (int64_t)lo * kv_dim;
-            for (int j = 0; j < len; j++) pl_vec.axpy_f16(oh, scores[j], vh + (int64_t)j * kv_dim, hd);
+        if (kv->type == PL_TYPE_F16) {
+            const uint16_t *vh = (const uint16_t *)kv->v + at;
+            for (int j = 0; j < len; j++) pl_vec.axpy_f16(oh, scores[j], vh + j * ld, hd);
         } else {
-            const float *vh = (const float *)v_cache + head + (int64_t)lo * kv_dim;
-            for (int j = 0; j < len; j++) pl_vec.axpy_f32(oh, scores[j], vh + (int64_t)j * kv_dim, hd);
+            const float *vh = (const float *)kv->v + at;
+            for (int j = 0; j < len; j++) pl_vec.axpy_f32(oh, scores[j], vh + j * ld, hd);
         }
     }
 }
@@ -181,11 +178,11 @@ void pl_attention_per_query(const pl_model *m, const float *q, const void *k_cac
  *   S = scale · Q_h K_hᵀ over the keys the block can see, masked and softmaxed row by row,
  *   O_h = S V_h.
  * (head, block) pairs are dealt round-robin; each thread's sgemm runs single-threaded. */
-void pl_attention_blas(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
-                       int pos0, int n, int window, float *out, float *scores, float *kv_wide, pl_sgemm_fn sgemm,
-                       const pl_probs_out *probs, int ith, int nth) {
+void pl_attention_blas(const pl_model *m, const float *q, const pl_kv_view *kv, int pos0, int n, int window,
+                       float *out, float *scores, float *kv_wide, pl_sgemm_fn sgemm, const pl_probs_out *probs,
+                       int ith, int nth) {
     const int hd = m->head_dim, n_heads = m->n_heads;
-    const int qd = n_heads * hd, kv_dim = m->n_kv_heads * hd;
+    const int qd = n_heads * hd;
     const int group = n_heads / m->n_kv_heads;
     const int n_blocks = (n + PL_ATTN_QBLOCK - 1) / PL_ATTN_QBLOCK;
     for (int item = ith; item < n_heads * n_blocks; item += nth) {
@@ -195,20 +192,20 @@ void pl_attention_blas(const pl_model *m, const float *q, const void *k_cache, c
         int j0 = window > 0 && p_first - window + 1 > 0 ? p_first - window + 1 : 0;
         int len = p_last - j0 + 1; /* keys any query of the block sees */
         const float *qh = q + (int64_t)t0 * qd + (int64_t)h * hd;
-        const int64_t at = (int64_t)j0 * kv_dim + (int64_t)(h / group) * hd;
+        const int64_t at = (int64_t)(h / group) * kv->head_stride + (int64_t)j0 * kv->ld;
         const float *kh, *vh;
         int ld_kv;
-        if (kv_type == PL_TYPE_F16) {
+        if (kv->type == PL_TYPE_F16) {
             /* sgemm reads f32: the block's K/V rows of this head, widened into (len, hd) each */
             const pl_type_traits *f16 = pl_traits(PL_TYPE_F16);
             float *kw = kv_wide, *vw = kv_wide + (int64_t)len * hd;
             for (int j = 0; j < len; j++) {
-                f16->to_f32((const uint16_t *)k_cache + at + (int64_t)j * kv_dim, kw + (int64_t)j * hd, hd);
-                f16->to_f32((const uint16_t *)v_cache + at + (int64_t)j * kv_dim, vw + (int64_t)j * hd, hd);
+                f16->to_f32((const uint16_t *)kv->k + at + j * kv->ld, kw + (int64_t)j * hd, hd);
+                f16->to_f32((const uint16_t *)kv->v + at + j * kv->ld, vw + (int64_t)j * hd, hd);
             }
             kh = kw, vh = vw, ld_kv = hd;
         } else {
-            kh = (const float *)k_cache + at, vh = (const float *)v_cache + at, ld_kv = kv_dim;
+            kh = (const float *)kv->k + at, vh = (const float *)kv->v + at, ld_kv = (int)kv->ld;
         }
         /* column-major: Sᵀ (len, nq) = K_h (len, hd) · Q_hᵀ (hd, nq) */
         char tr = 'T', nt = 'N';

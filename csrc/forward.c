@@ -29,27 +29,36 @@ typedef struct {
 static inline pl_state *seq_of(const forward_args *a, int t) { return a->seqs ? a->seqs[t] : a->s; }
 static inline int pos_of(const forward_args *a, int t) { return a->seqs ? a->seqs[t]->pos : a->s->pos + t; }
 
-/* Where layer l's cache (which = 0: keys, 1: values) of s holds position pos. */
-static inline void *cache_at(const pl_state *s, int which, int l, int pos) {
-    int64_t i = ((int64_t)l * s->n_ctx + pos) * s->kv_dim;
+/* Where layer l's cache (which = 0: keys, 1: values) of s holds KV head g's row of position pos:
+ * head-major, so that attention reads each head's keys and values as one contiguous run. */
+static inline void *cache_at(const pl_state *s, const pl_model *m, int which, int l, int g, int pos) {
+    int64_t i = (((int64_t)l * m->n_kv_heads + g) * s->n_ctx + pos) * m->head_dim;
     char *base = which ? s->v_cache : s->k_cache;
     return base + i * (s->kv_type == PL_TYPE_F16 ? 2 : 4);
 }
 
-/* Whether this step's keys and values wait in the staging rows before going to their caches: a
- * batched step's rows belong to different caches, and an f16 cache takes them rounded. */
-static inline int staged(const forward_args *a) { return a->seqs || a->s->kv_type != PL_TYPE_F32; }
+/* Layer l's keys and values in s, as attention reads them. */
+static inline pl_kv_view layer_cache(const pl_state *s, const pl_model *m, int l) {
+    pl_kv_view kv = {cache_at(s, m, 0, l, 0, 0), cache_at(s, m, 1, l, 0, 0), s->kv_type, m->head_dim,
+                     (int64_t)s->n_ctx * m->head_dim};
+    return kv;
+}
 
-/* Row t's staged key and value into its sequence's cache, in the cache's type. */
+/* Row t's key and value, computed into the staging rows, into its sequence's cache head by head,
+ * in the cache's type. */
 static void store_kv(const forward_args *a, int l, int t, const float *k, const float *v) {
+    const pl_model *m = a->m;
     pl_state *q = seq_of(a, t);
-    void *kc = cache_at(q, 0, l, pos_of(a, t)), *vc = cache_at(q, 1, l, pos_of(a, t));
-    if (q->kv_type == PL_TYPE_F16) {
-        pl_traits(PL_TYPE_F16)->from_f32(k, kc, q->kv_dim);
-        pl_traits(PL_TYPE_F16)->from_f32(v, vc, q->kv_dim);
-    } else {
-        memcpy(kc, k, (size_t)q->kv_dim * sizeof *k);
-        memcpy(vc, v, (size_t)q->kv_dim * sizeof *v);
+    const int hd = m->head_dim, pos = pos_of(a, t);
+    for (int g = 0; g < m->n_kv_heads; g++) {
+        void *kc = cache_at(q, m, 0, l, g, pos), *vc = cache_at(q, m, 1, l, g, pos);
+        if (q->kv_type == PL_TYPE_F16) {
+            pl_traits(PL_TYPE_F16)->from_f32(k + g * hd, kc, hd);
+            pl_traits(PL_TYPE_F16)->from_f32(v + g * hd, vc, hd);
+        } else {
+            memcpy(kc, k + g * hd, (size_t)hd * sizeof *k);
+            memcpy(vc, v + g * hd, (size_t)hd * sizeof *v);
+        }
     }
 }
 
@@ -107,11 +116,9 @@ static void residual_add(const forward_args *a, const pl_norm *post_norm, float 
     trace_rows(a, x_out, a->s->x, dim, ith, nth);
 }
 
-/* Per-head RMSNorm of q and k (Qwen3, Gemma 3), then rope on the first n_rot dims of each head.
- * Row t's key is k + t · k_stride: in the cache, or in the state's staging rows (see staged),
- * whence it and its value go to their sequences' caches. */
-static void position_heads(const forward_args *a, const pl_layer *L, int l, float *k0, int64_t k_stride, int ith,
-                           int nth) {
+/* Per-head RMSNorm of q and k (Qwen3, Gemma 3), then rope on the first n_rot dims of each head;
+ * then row t's key and value go from the staging rows to their sequence's cache. */
+static void position_heads(const forward_args *a, const pl_layer *L, int l, int ith, int nth) {
     const pl_model *m = a->m;
     pl_state *s = a->s;
     const int hd = m->head_dim, half = m->n_rot / 2;
@@ -119,7 +126,7 @@ static void position_heads(const forward_args *a, const pl_layer *L, int l, floa
     for (int t = ith; t < a->n; t += nth) {
         const pl_state *seq = seq_of(a, t);
         const int pos = pos_of(a, t);
-        float *q = s->q + t * qd, *k = k0 + t * k_stride;
+        float *q = s->q + t * qd, *k = s->kstage + t * kvd;
         if (L->q_norm.w)
             for (int h = 0; h < m->n_heads; h++) pl_norm_apply(q + h * hd, q + h * hd, &L->q_norm, hd, m->norm_eps);
         if (L->k_norm.w)
@@ -129,7 +136,7 @@ static void position_heads(const forward_args *a, const pl_layer *L, int l, floa
             pl_rope(q, m->n_heads, hd, m->n_rot, seq->rope_cos + at, seq->rope_sin + at, m->rope_interleaved);
             pl_rope(k, m->n_kv_heads, hd, m->n_rot, seq->rope_cos + at, seq->rope_sin + at, m->rope_interleaved);
         }
-        if (staged(a)) store_kv(a, l, t, k, s->vstage + t * kvd);
+        store_kv(a, l, t, k, s->vstage + t * kvd);
     }
 }
 
@@ -146,8 +153,9 @@ static void attention_per_sequence(const forward_args *a, const pl_layer *L, int
     const int64_t qd = (int64_t)m->n_heads * m->head_dim, per = scores_per_thread(m, s);
     for (int t = 0; t < a->n; t++) {
         const pl_state *seq = seq_of(a, t);
-        pl_attention(m, s->q + t * qd, cache_at(seq, 0, l, 0), cache_at(seq, 1, l, 0), seq->kv_type, seq->pos, 1,
-                     L->sliding_window, s->att + t * qd, s->scores + ith * per, per, NULL, ith, nth);
+        pl_kv_view kv = layer_cache(seq, m, l);
+        pl_attention(m, s->q + t * qd, &kv, seq->pos, 1, L->sliding_window, s->att + t * qd, s->scores + ith * per,
+                     per, NULL, ith, nth);
     }
 }
 
@@ -165,36 +173,31 @@ static void layer(const forward_args *a, const pl_layer *L, int l, float *const 
     trace_rows(a, tr[PL_TRACE_ATTN_NORM], s->xn, dim, ith, nth);
     pl_barrier(pool);
 
-    /* k and v are written straight into an f32 cache at their positions, else staged */
-    void *kc = cache_at(s, 0, l, 0), *vc = cache_at(s, 1, l, 0);
-    float *k0 = staged(a) ? s->kstage : (float *)kc + (int64_t)pos0 * kvd;
-    float *v0 = staged(a) ? s->vstage : (float *)vc + (int64_t)pos0 * kvd;
-    pl_matmul_out qkv[3] = {{&L->wq, s->q, qd, L->bq}, {&L->wk, k0, kvd, L->bk}, {&L->wv, v0, kvd, L->bv}};
+    pl_matmul_out qkv[3] = {{&L->wq, s->q, qd, L->bq}, {&L->wk, s->kstage, kvd, L->bk},
+                            {&L->wv, s->vstage, kvd, L->bv}};
     pl_matmul(qkv, 3, s->xn, n, a->batch, &s->mm, pool, ith, nth);
     pl_barrier(pool);
 
-    if (L->q_norm.w || L->k_norm.w || m->n_rot || staged(a)) {
-        position_heads(a, L, l, k0, kvd, ith, nth);
-        pl_barrier(pool);
-    }
-    /* attention only reads q, k and v: copying them out needs no barrier */
+    position_heads(a, L, l, ith, nth);
+    pl_barrier(pool);
+    /* attention only reads q and the cache: copying q, k and v out needs no barrier */
     trace_rows(a, tr[PL_TRACE_Q], s->q, qd, ith, nth);
-    trace_rows(a, tr[PL_TRACE_K], k0, kvd, ith, nth);
-    trace_rows(a, tr[PL_TRACE_V], v0, kvd, ith, nth);
+    trace_rows(a, tr[PL_TRACE_K], s->kstage, kvd, ith, nth);
+    trace_rows(a, tr[PL_TRACE_V], s->vstage, kvd, ith, nth);
 
     pl_probs_out probs_out = {tr[PL_TRACE_PROBS], a->trace_row, a->trace ? a->trace->n_rows : 0,
                               a->trace ? a->trace->n_keys : 0};
     const pl_probs_out *probs = probs_out.data ? &probs_out : NULL;
+    pl_kv_view kv = layer_cache(s, m, l);
     if (a->seqs)
         attention_per_sequence(a, L, l, ith, nth);
     else if (s->mm.sgemm && s->mm.per_thread_blas && a->batch >= PL_BLAS_MIN_TOKENS)
-        pl_attention_blas(m, s->q, kc, vc, s->kv_type, pos0, n, L->sliding_window, s->att,
-                          s->scores + ith * scores_per_thread(m, s),
+        pl_attention_blas(m, s->q, &kv, pos0, n, L->sliding_window, s->att, s->scores + ith * scores_per_thread(m, s),
                           s->kv_wide ? s->kv_wide + (int64_t)ith * 2 * s->n_ctx * m->head_dim : NULL, s->mm.sgemm,
                           probs, ith, nth);
     else
-        pl_attention(m, s->q, kc, vc, s->kv_type, pos0, n, L->sliding_window, s->att,
-                     s->scores + ith * scores_per_thread(m, s), scores_per_thread(m, s), probs, ith, nth);
+        pl_attention(m, s->q, &kv, pos0, n, L->sliding_window, s->att, s->scores + ith * scores_per_thread(m, s),
+                     scores_per_thread(m, s), probs, ith, nth);
     pl_barrier(pool);
 
     pl_matmul_out o[1] = {{&L->wo, s->tmp, dim, L->bo}};

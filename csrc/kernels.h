@@ -87,29 +87,38 @@ typedef struct {
     int row0, n_rows, n_keys;
 } pl_probs_out;
 
-/* Causal GQA attention of n queries at positions pos0.. over a layer's cache, whose elements are
- * kv_type (PL_TYPE_F32 or PL_TYPE_F16): for token t of the batch (position p = pos0 + t) and query
- * head h, out[t, h] = softmax(scale · q[t, h] · K[j]ᵀ for j in the window) · V[j], the window
+/* Where a layer's keys and values lie, elements of type (PL_TYPE_F32 or PL_TYPE_F16): the key of
+ * position j in KV head g starts at k + g · head_stride + j · ld elements, its value likewise in v.
+ * A state's cache is head-major (ld = head_dim, head_stride = n_ctx · head_dim: one head's keys are
+ * one contiguous run); position-major rows (ld = n_kv_heads · head_dim, head_stride = head_dim)
+ * work the same. */
+typedef struct {
+    const void *k, *v;
+    int type;
+    int64_t ld, head_stride;
+} pl_kv_view;
+
+/* Causal GQA attention of n queries at positions pos0.. over a layer's keys and values kv: for
+ * token t of the batch (position p = pos0 + t) and query head h,
+ * out[t, h] = softmax(scale · q[t, h] · K[j]ᵀ for j in the window) · V[j], the window
  * (p - window, p] or [0, p] when window is 0, scores soft-capped first where the model caps them.
  * The thread's scores hold n_scores floats, at least pos0 + n; up to pl_attention_scores_floats
  * lets it batch queries. Every query's result is bit for bit pl_attention_per_query's, whatever
  * n, pos0, n_scores and the thread count: a position's numbers do not depend on the batch. */
-void pl_attention(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
-                  int pos0, int n, int window, float *out, float *scores, int64_t n_scores,
-                  const pl_probs_out *probs, int ith, int nth);
+void pl_attention(const pl_model *m, const float *q, const pl_kv_view *kv, int pos0, int n, int window, float *out,
+                  float *scores, int64_t n_scores, const pl_probs_out *probs, int ith, int nth);
 /* Floats of scores per thread that pl_attention uses in full (and, with sgemm, pl_attention_blas). */
 int64_t pl_attention_scores_floats(const pl_model *m, int n_ctx, int sgemm);
 /* The one-query-at-a-time reference of pl_attention (scores: pos0 + n floats). */
-void pl_attention_per_query(const pl_model *m, const float *q, const void *k_cache, const void *v_cache,
-                            int kv_type, int pos0, int n, int window, float *out, float *scores,
-                            const pl_probs_out *probs, int ith, int nth);
+void pl_attention_per_query(const pl_model *m, const float *q, const pl_kv_view *kv, int pos0, int n, int window,
+                            float *out, float *scores, const pl_probs_out *probs, int ith, int nth);
 
 /* The same for a prefill batch through sgemm; scores holds PL_ATTN_QBLOCK × n_ctx floats. An f16
  * cache's rows are widened first into kv_wide, 2 × n_ctx × head_dim floats (NULL for f32). */
 #define PL_ATTN_QBLOCK 64
-void pl_attention_blas(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
-                       int pos0, int n, int window, float *out, float *scores, float *kv_wide, pl_sgemm_fn sgemm,
-                       const pl_probs_out *probs, int ith, int nth);
+void pl_attention_blas(const pl_model *m, const float *q, const pl_kv_view *kv, int pos0, int n, int window,
+                       float *out, float *scores, float *kv_wide, pl_sgemm_fn sgemm, const pl_probs_out *probs,
+                       int ith, int nth);
 
 /* ---------------------------------------------------------------- matmul.c */
 
@@ -165,8 +174,8 @@ struct pl_state {
     int pos;               /* tokens in the cache */
     int kv_dim;            /* n_kv_heads * head_dim */
     int kv_type;           /* PL_TYPE_F32 or PL_TYPE_F16: the caches' elements */
-    void *k_cache;         /* (n_layers, n_ctx, kv_dim) of kv_type */
-    void *v_cache;         /* (n_layers, n_ctx, kv_dim) of kv_type */
+    void *k_cache;         /* (n_layers, n_kv_heads, n_ctx, head_dim) of kv_type: a head's keys are one run */
+    void *v_cache;         /* (n_layers, n_kv_heads, n_ctx, head_dim) of kv_type */
     int64_t cache_bytes;   /* of each of the two */
     float *rope_cos;       /* (n_ropes, n_ctx, n_rot / 2), the table's scale applied */
     float *rope_sin;       /* (n_ropes, n_ctx, n_rot / 2) */
@@ -178,7 +187,7 @@ struct pl_state {
     float *tmp;            /* (n_batch, dim) a block's output before the residual add */
     float *gate;           /* (n_batch, ffn_dim) */
     float *up;             /* (n_batch, ffn_dim) */
-    float *kstage;         /* (n_batch, kv_dim) keys before their caches: a batched step's, an f16 cache's */
+    float *kstage;         /* (n_batch, kv_dim) keys as computed, before they go to their heads' rows in the cache */
     float *vstage;         /* (n_batch, kv_dim) and values */
     float *scores;         /* (n_threads, pl_attention_scores_floats(m, n_ctx, sgemm)) */
     float *kv_wide;        /* (n_threads, 2, n_ctx, head_dim) an f16 cache's K/V rows widened for sgemm; or NULL */

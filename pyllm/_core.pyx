@@ -949,16 +949,19 @@ cdef extern from "kernels.h" nogil:
     ctypedef struct pl_probs_out:
         float *data
         int row0, n_rows, n_keys
-    void pl_attention(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
-                      int pos0, int n, int window, float *out, float *scores, int64_t n_scores,
-                      const pl_probs_out *probs, int ith, int nth)
+    ctypedef struct pl_kv_view:
+        const void *k
+        const void *v
+        int type
+        int64_t ld, head_stride
+    void pl_attention(const pl_model *m, const float *q, const pl_kv_view *kv, int pos0, int n, int window,
+                      float *out, float *scores, int64_t n_scores, const pl_probs_out *probs, int ith, int nth)
     int64_t pl_attention_scores_floats(const pl_model *m, int n_ctx, int sgemm)
-    void pl_attention_per_query(const pl_model *m, const float *q, const void *k_cache, const void *v_cache,
-                                int kv_type, int pos0, int n, int window, float *out, float *scores,
-                                const pl_probs_out *probs, int ith, int nth)
-    void pl_attention_blas(const pl_model *m, const float *q, const void *k_cache, const void *v_cache, int kv_type,
-                           int pos0, int n, int window, float *out, float *scores, float *kv_wide, pl_sgemm_fn sgemm,
-                           const pl_probs_out *probs, int ith, int nth)
+    void pl_attention_per_query(const pl_model *m, const float *q, const pl_kv_view *kv, int pos0, int n,
+                                int window, float *out, float *scores, const pl_probs_out *probs, int ith, int nth)
+    void pl_attention_blas(const pl_model *m, const float *q, const pl_kv_view *kv, int pos0, int n, int window,
+                           float *out, float *scores, float *kv_wide, pl_sgemm_fn sgemm, const pl_probs_out *probs,
+                           int ith, int nth)
     enum: PL_ATTN_QBLOCK
 
 
@@ -1029,9 +1032,8 @@ def gelu(const float[::1] x):
 cdef struct _attention_job:
     pl_model *m
     const float *q
-    const void *k
-    const void *v
-    int kv_type, pos0, n, window
+    pl_kv_view kv
+    int pos0, n, window
     float *out
     float *scores
     int64_t scores_per_thread
@@ -1044,22 +1046,20 @@ cdef void _attention_task(void *arg, int ith, int nth) noexcept nogil:
     cdef _attention_job *j = <_attention_job *>arg
     cdef float *scores = j.scores + ith * j.scores_per_thread
     if j.path == 1:
-        pl_attention_blas(j.m, j.q, j.k, j.v, j.kv_type, j.pos0, j.n, j.window, j.out, scores, NULL, j.sgemm,
-                          j.probs, ith, nth)
+        pl_attention_blas(j.m, j.q, &j.kv, j.pos0, j.n, j.window, j.out, scores, NULL, j.sgemm, j.probs, ith, nth)
     elif j.path == 2:
-        pl_attention_per_query(j.m, j.q, j.k, j.v, j.kv_type, j.pos0, j.n, j.window, j.out, scores, j.probs,
-                               ith, nth)
+        pl_attention_per_query(j.m, j.q, &j.kv, j.pos0, j.n, j.window, j.out, scores, j.probs, ith, nth)
     else:
-        pl_attention(j.m, j.q, j.k, j.v, j.kv_type, j.pos0, j.n, j.window, j.out, scores, j.scores_per_thread,
-                     j.probs, ith, nth)
+        pl_attention(j.m, j.q, &j.kv, j.pos0, j.n, j.window, j.out, scores, j.scores_per_thread, j.probs, ith, nth)
 
 
 def attention(const float[:, ::1] q, k, v, int n_heads, int n_kv_heads, float scale, int pos0=0, int window=0,
               float softcap=0.0, bint blas=False, int threads=1, bint with_probs=False, bint per_query=False,
-              scores_per_thread=None):
+              scores_per_thread=None, bint head_major=False):
     """The engine's causal attention of q (n, n_heads·hd) at positions pos0.. over the cache k, v
     (pos0 + n, n_kv_heads·hd), float32 or float16 (an f16 cache): the vec path, the sgemm path with
     blas=True (float32 only), or the one-query-at-a-time reference with per_query=True.
+    head_major: k and v are laid out as a model state keeps them, (n_kv_heads, pos0 + n, hd).
     scores_per_thread: the vec path's scratch in floats (at least pos0 + n; by default what a model
     state gives it). with_probs: returns (out, probabilities (n_heads, n, pos0 + n)) as a trace
     copies them."""
@@ -1070,7 +1070,8 @@ def attention(const float[:, ::1] q, k, v, int n_heads, int n_kv_heads, float sc
     k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
     if k.dtype != v.dtype or k.dtype not in (np.float32, np.float16) or (blas and k.dtype != np.float32):
         raise ValueError("k and v must be both float32 or both float16 (float32 with blas)")
-    if k.shape != (pos0 + n, n_kv_heads * hd) or v.shape != k.shape:
+    shape = [n_kv_heads, pos0 + n, hd] if head_major else [pos0 + n, n_kv_heads * hd]
+    if v.shape != k.shape or list(k.shape) != shape:
         raise ValueError("k and v must hold pos0 + n rows of n_kv_heads · head_dim")
     if n == 0 or window < 0 or softcap < 0:
         raise ValueError("bad arguments")
@@ -1090,8 +1091,10 @@ def attention(const float[:, ::1] q, k, v, int n_heads, int n_kv_heads, float sc
     cdef float[::1] sv = scores
     cdef _attention_job job
     job.m, job.q = &m, &q[0, 0]
-    job.k, job.v = <const void *><uintptr_t>k.ctypes.data, <const void *><uintptr_t>v.ctypes.data
-    job.kv_type = 1 if k.dtype == np.float16 else 0  # PL_TYPE_F16, PL_TYPE_F32
+    job.kv.k, job.kv.v = <const void *><uintptr_t>k.ctypes.data, <const void *><uintptr_t>v.ctypes.data
+    job.kv.type = 1 if k.dtype == np.float16 else 0  # PL_TYPE_F16, PL_TYPE_F32
+    job.kv.ld = hd if head_major else n_kv_heads * hd
+    job.kv.head_stride = (pos0 + n) * hd if head_major else hd
     job.pos0, job.n, job.window, job.out = pos0, n, window, &o[0, 0]
     job.scores, job.scores_per_thread = &sv[0], per
     job.path = 1 if blas else 2 if per_query else 0

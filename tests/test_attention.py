@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pyllm import _core
-from test_ops import attention_ref
+from test_ops import attention_ref, by_head
 
 
 
@@ -42,6 +42,13 @@ def test_attention_of_a_batch_is_bit_identical_to_one_query_at_a_time(isa, rng, 
                                      threads=threads, with_probs=True)
         assert np.array_equal(bits(got), bits(want)), threads
         assert np.array_equal(bits(probs), bits(want_probs)), threads
+    # a model state's head-major cache: the same numbers from either layout, on either path
+    for per_query in (False, True):
+        got, probs = _core.attention(q, by_head(k, n_kv), by_head(v, n_kv), n_heads, n_kv, 0.3, pos0=pos0,
+                                     window=window, softcap=softcap, threads=2, with_probs=True, per_query=per_query,
+                                     head_major=True)
+        assert np.array_equal(bits(got), bits(want)), per_query
+        assert np.array_equal(bits(probs), bits(want_probs)), per_query
     # a scratch that holds fewer queries at once: other blocks, the same numbers
     for per in (pos0 + n, 2 * (pos0 + n) + 5, 7 * (pos0 + n)):
         got = _core.attention(q, k, v, n_heads, n_kv, 0.3, pos0=pos0, window=window, softcap=softcap,

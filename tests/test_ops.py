@@ -125,6 +125,11 @@ def attention_ref(q, k, v, n_heads, n_kv, scale, pos0, window, softcap, probs=No
     return out.astype(np.float32)
 
 
+def by_head(rows: np.ndarray, n_kv: int) -> np.ndarray:
+    """A cache's (positions, n_kv · hd) rows laid out as a model state keeps them: (n_kv, positions, hd)."""
+    return np.ascontiguousarray(rows.reshape(rows.shape[0], n_kv, -1).transpose(1, 0, 2))
+
+
 @pytest.mark.parametrize("blas", [False, True])
 @pytest.mark.parametrize("n_heads,n_kv,pos0,n,window,softcap", [
     (4, 4, 0, 40, 0, 0.0),     # multi-head, whole past
@@ -150,3 +155,7 @@ def test_attention_matches_numpy(isa, rng, blas, n_heads, n_kv, pos0, n, window,
     attention_ref(q, k, v, n_heads, n_kv, scale, pos0, window, softcap, want_probs)
     np.testing.assert_array_equal(got_again, got)
     np.testing.assert_allclose(probs, want_probs, rtol=1e-4, atol=1e-6)
+    # the head-major cache a model state keeps
+    got = _core.attention(q, by_head(k, n_kv), by_head(v, n_kv), n_heads, n_kv, scale, pos0=pos0, window=window,
+                          softcap=softcap, blas=blas, threads=2, head_major=True)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
