@@ -74,6 +74,69 @@ static attn_split split_batch(const pl_model *m, int pos0, int n, int window, in
     return sp;
 }
 
+/* Where row j of KV head g's keys (which = 0) or values (1) starts. */
+static inline const char *kv_row(const pl_kv_view *kv, int which, int g, int64_t j) {
+    return (const char *)(which ? kv->v : kv->k) + pl_row_size(kv->type, g * kv->head_stride + j * kv->ld);
+}
+
+/* Rows [j, j + nr) of KV head g widened into f32 rows of head_dim at dst. Exact for f16 and q8_0
+ * (an f16 scale times a small integer), so the f32 kernels over them give every path's bits. */
+static void widen_rows(const pl_kv_view *kv, int which, int g, int64_t j, int nr, int hd, float *dst) {
+    const pl_type_traits *t = pl_traits(kv->type);
+    const char *src = kv_row(kv, which, g, j);
+    if (kv->ld == hd) { /* head-major: the rows are one run */
+        t->to_f32(src, dst, (int64_t)nr * hd);
+        return;
+    }
+    const int64_t stride = pl_row_size(kv->type, kv->ld);
+    for (int r = 0; r < nr; r++) t->to_f32(src + r * stride, dst + (int64_t)r * hd, hd);
+}
+
+/* scores[i · span + j] = qs[i] · K[j0 + j] for j in [0, span), keys of KV head g. A q8_0 cache's
+ * keys are widened a block of rows at a time on the stack, each block used by every query. */
+static void key_dots(const pl_kv_view *kv, int g, int j0, int span, int hd, const float *const *qs, int nq,
+                     float *scores) {
+    if (kv->type == PL_TYPE_Q8_0) {
+        float wide[PL_ATTN_WIDE_FLOATS];
+        const int rows = PL_ATTN_WIDE_FLOATS / hd;
+        for (int c = 0; c < span; c += rows) {
+            int nr = span - c < rows ? span - c : rows;
+            widen_rows(kv, 0, g, j0 + c, nr, hd, wide);
+            pl_vec.dot_f32_qk(qs, nq, wide, hd, nr, hd, scores + c, span);
+        }
+    } else if (kv->type == PL_TYPE_F16) {
+        pl_vec.dot_f16_qk(qs, nq, (const uint16_t *)kv_row(kv, 0, g, j0), kv->ld, span, hd, scores, span);
+    } else {
+        pl_vec.dot_f32_qk(qs, nq, (const float *)kv_row(kv, 0, g, j0), kv->ld, span, hd, scores, span);
+    }
+}
+
+/* ys[i] += Σ ws[i · span + j] · V[j0 + j] over j in [first[i], end[i]) in order, values of KV head
+ * g; a q8_0 cache's rows widened a block at a time, as key_dots. */
+static void value_sums(const pl_kv_view *kv, int g, int j0, int span, int hd, float *const *ys, int nq,
+                       const float *ws, const int *first, const int *end) {
+    if (kv->type == PL_TYPE_Q8_0) {
+        float wide[PL_ATTN_WIDE_FLOATS];
+        const int rows = PL_ATTN_WIDE_FLOATS / hd;
+        int f[ATTN_MAX_Q], e[ATTN_MAX_Q];
+        for (int c = 0; c < span; c += rows) {
+            int nr = span - c < rows ? span - c : rows, lo = nr, hi = 0;
+            for (int i = 0; i < nq; i++) { /* each query's rows of this block, and the block's used rows */
+                f[i] = first[i] - c < 0 ? 0 : first[i] - c < nr ? first[i] - c : nr;
+                e[i] = end[i] - c < 0 ? 0 : end[i] - c < nr ? end[i] - c : nr;
+                if (f[i] < e[i]) lo = f[i] < lo ? f[i] : lo, hi = e[i] > hi ? e[i] : hi;
+            }
+            if (lo >= hi) continue;
+            widen_rows(kv, 1, g, j0 + c + lo, hi - lo, hd, wide + (int64_t)lo * hd);
+            pl_vec.axpy_f32_qk(ys, nq, ws + c, span, f, e, wide, hd, hd);
+        }
+    } else if (kv->type == PL_TYPE_F16) {
+        pl_vec.axpy_f16_qk(ys, nq, ws, span, first, end, (const uint16_t *)kv_row(kv, 1, g, j0), kv->ld, hd);
+    } else {
+        pl_vec.axpy_f32_qk(ys, nq, ws, span, first, end, (const float *)kv_row(kv, 1, g, j0), kv->ld, hd);
+    }
+}
+
 /* Scores, softmax and weighted sum of one item's queries (token-major: query i is token t0 + i / nh,
  * head h0 + i % nh), every query's operations those of pl_attention_per_query. */
 static void attend_item(const pl_model *m, const attn_item *it, const float *q, const pl_kv_view *kv, int pos0,
@@ -82,7 +145,7 @@ static void attend_item(const pl_model *m, const attn_item *it, const float *q, 
     const int group = m->n_heads / m->n_kv_heads;
     const int nq = it->nt * it->nh;
     const int j0 = window_lo(pos0 + it->t0, window), span = pos0 + it->t0 + it->nt - j0; /* keys [j0, j0 + span) */
-    const int64_t at = (int64_t)(it->h0 / group) * kv->head_stride + (int64_t)j0 * kv->ld;
+    const int g = it->h0 / group;
     const float *qs[ATTN_MAX_Q] = {0};
     float *ys[ATTN_MAX_Q] = {0};
     int first[ATTN_MAX_Q], end[ATTN_MAX_Q];
@@ -93,10 +156,7 @@ static void attend_item(const pl_model *m, const attn_item *it, const float *q, 
         first[i] = window_lo(pos0 + t, window) - j0, end[i] = pos0 + t - j0 + 1;
     }
     /* every query's dots with every key of the block; each uses its own [first, end) */
-    if (kv->type == PL_TYPE_F16)
-        pl_vec.dot_f16_qk(qs, nq, (const uint16_t *)kv->k + at, kv->ld, span, hd, scores, span);
-    else
-        pl_vec.dot_f32_qk(qs, nq, (const float *)kv->k + at, kv->ld, span, hd, scores, span);
+    key_dots(kv, g, j0, span, hd, qs, nq, scores);
     for (int i = 0; i < nq; i++) {
         float *row = scores + (int64_t)i * span + first[i];
         int len = end[i] - first[i];
@@ -106,10 +166,7 @@ static void attend_item(const pl_model *m, const attn_item *it, const float *q, 
         if (probs) copy_probs(probs, it->h0 + i % it->nh, it->t0 + i / it->nh, j0 + first[i], row, len);
         for (int e = 0; e < hd; e++) ys[i][e] = 0.0f;
     }
-    if (kv->type == PL_TYPE_F16)
-        pl_vec.axpy_f16_qk(ys, nq, scores, span, first, end, (const uint16_t *)kv->v + at, kv->ld, hd);
-    else
-        pl_vec.axpy_f32_qk(ys, nq, scores, span, first, end, (const float *)kv->v + at, kv->ld, hd);
+    value_sums(kv, g, j0, span, hd, ys, nq, scores, first, end);
 }
 
 /* Items are cut by split_batch and dealt in order as contiguous runs of about equal cost: each
@@ -145,31 +202,40 @@ void pl_attention_per_query(const pl_model *m, const float *q, const pl_kv_view 
     const int hd = m->head_dim, n_heads = m->n_heads;
     const int64_t ld = kv->ld;
     const int group = n_heads / m->n_kv_heads;
+    float row[PL_ATTN_WIDE_FLOATS]; /* a q8_0 key or value, widened */
     for (int item = ith; item < n * n_heads; item += nth) {
-        int t = item / n_heads, h = item % n_heads;
+        int t = item / n_heads, h = item % n_heads, g = h / group;
         int p = pos0 + t;
         int lo = window_lo(p, window);
         const float *qh = q + (int64_t)t * n_heads * hd + (int64_t)h * hd;
-        const int64_t at = (int64_t)(h / group) * kv->head_stride + (int64_t)lo * ld;
         int len = p - lo + 1;
-        if (kv->type == PL_TYPE_F16) {
-            const uint16_t *kh = (const uint16_t *)kv->k + at;
-            for (int j = 0; j < len; j++) scores[j] = m->attn_scale * pl_vec.dot_f16(qh, kh + j * ld, hd);
-        } else {
-            const float *kh = (const float *)kv->k + at;
-            for (int j = 0; j < len; j++) scores[j] = m->attn_scale * pl_vec.dot_f32(qh, kh + j * ld, hd);
+        const void *kh = kv_row(kv, 0, g, lo), *vh = kv_row(kv, 1, g, lo);
+        for (int j = 0; j < len; j++) {
+            float dot;
+            if (kv->type == PL_TYPE_Q8_0) {
+                widen_rows(kv, 0, g, lo + j, 1, hd, row);
+                dot = pl_vec.dot_f32(qh, row, hd);
+            } else if (kv->type == PL_TYPE_F16) {
+                dot = pl_vec.dot_f16(qh, (const uint16_t *)kh + j * ld, hd);
+            } else {
+                dot = pl_vec.dot_f32(qh, (const float *)kh + j * ld, hd);
+            }
+            scores[j] = m->attn_scale * dot;
         }
         if (m->attn_softcap > 0) pl_softcap(scores, len, m->attn_softcap);
         pl_softmax(scores, len);
         if (probs) copy_probs(probs, h, t, lo, scores, len);
         float *oh = out + (int64_t)t * n_heads * hd + (int64_t)h * hd;
         for (int i = 0; i < hd; i++) oh[i] = 0.0f;
-        if (kv->type == PL_TYPE_F16) {
-            const uint16_t *vh = (const uint16_t *)kv->v + at;
-            for (int j = 0; j < len; j++) pl_vec.axpy_f16(oh, scores[j], vh + j * ld, hd);
-        } else {
-            const float *vh = (const float *)kv->v + at;
-            for (int j = 0; j < len; j++) pl_vec.axpy_f32(oh, scores[j], vh + j * ld, hd);
+        for (int j = 0; j < len; j++) {
+            if (kv->type == PL_TYPE_Q8_0) {
+                widen_rows(kv, 1, g, lo + j, 1, hd, row);
+                pl_vec.axpy_f32(oh, scores[j], row, hd);
+            } else if (kv->type == PL_TYPE_F16) {
+                pl_vec.axpy_f16(oh, scores[j], (const uint16_t *)vh + j * ld, hd);
+            } else {
+                pl_vec.axpy_f32(oh, scores[j], (const float *)vh + j * ld, hd);
+            }
         }
     }
 }
@@ -192,20 +258,17 @@ void pl_attention_blas(const pl_model *m, const float *q, const pl_kv_view *kv, 
         int j0 = window > 0 && p_first - window + 1 > 0 ? p_first - window + 1 : 0;
         int len = p_last - j0 + 1; /* keys any query of the block sees */
         const float *qh = q + (int64_t)t0 * qd + (int64_t)h * hd;
-        const int64_t at = (int64_t)(h / group) * kv->head_stride + (int64_t)j0 * kv->ld;
         const float *kh, *vh;
         int ld_kv;
-        if (kv->type == PL_TYPE_F16) {
+        if (kv->type != PL_TYPE_F32) {
             /* sgemm reads f32: the block's K/V rows of this head, widened into (len, hd) each */
-            const pl_type_traits *f16 = pl_traits(PL_TYPE_F16);
             float *kw = kv_wide, *vw = kv_wide + (int64_t)len * hd;
-            for (int j = 0; j < len; j++) {
-                f16->to_f32((const uint16_t *)kv->k + at + j * kv->ld, kw + (int64_t)j * hd, hd);
-                f16->to_f32((const uint16_t *)kv->v + at + j * kv->ld, vw + (int64_t)j * hd, hd);
-            }
+            widen_rows(kv, 0, h / group, j0, len, hd, kw);
+            widen_rows(kv, 1, h / group, j0, len, hd, vw);
             kh = kw, vh = vw, ld_kv = hd;
         } else {
-            kh = (const float *)kv->k + at, vh = (const float *)kv->v + at, ld_kv = (int)kv->ld;
+            kh = (const float *)kv_row(kv, 0, h / group, j0), vh = (const float *)kv_row(kv, 1, h / group, j0);
+            ld_kv = (int)kv->ld;
         }
         /* column-major: Sᵀ (len, nq) = K_h (len, hd) · Q_hᵀ (hd, nq) */
         char tr = 'T', nt = 'N';

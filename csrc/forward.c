@@ -33,8 +33,7 @@ static inline int pos_of(const forward_args *a, int t) { return a->seqs ? a->seq
  * head-major, so that attention reads each head's keys and values as one contiguous run. */
 static inline void *cache_at(const pl_state *s, const pl_model *m, int which, int l, int g, int pos) {
     int64_t i = (((int64_t)l * m->n_kv_heads + g) * s->n_ctx + pos) * m->head_dim;
-    char *base = which ? s->v_cache : s->k_cache;
-    return base + i * (s->kv_type == PL_TYPE_F16 ? 2 : 4);
+    return (char *)(which ? s->v_cache : s->k_cache) + pl_row_size(s->kv_type, i);
 }
 
 /* Layer l's keys and values in s, as attention reads them. */
@@ -45,19 +44,20 @@ static inline pl_kv_view layer_cache(const pl_state *s, const pl_model *m, int l
 }
 
 /* Row t's key and value, computed into the staging rows, into its sequence's cache head by head,
- * in the cache's type. */
+ * in the cache's type (a q8_0 head row is whole blocks: pl_kv_type_fits). */
 static void store_kv(const forward_args *a, int l, int t, const float *k, const float *v) {
     const pl_model *m = a->m;
     pl_state *q = seq_of(a, t);
     const int hd = m->head_dim, pos = pos_of(a, t);
+    const pl_type_traits *ct = pl_traits(q->kv_type);
     for (int g = 0; g < m->n_kv_heads; g++) {
         void *kc = cache_at(q, m, 0, l, g, pos), *vc = cache_at(q, m, 1, l, g, pos);
-        if (q->kv_type == PL_TYPE_F16) {
-            pl_traits(PL_TYPE_F16)->from_f32(k + g * hd, kc, hd);
-            pl_traits(PL_TYPE_F16)->from_f32(v + g * hd, vc, hd);
-        } else {
+        if (q->kv_type == PL_TYPE_F32) {
             memcpy(kc, k + g * hd, (size_t)hd * sizeof *k);
             memcpy(vc, v + g * hd, (size_t)hd * sizeof *v);
+        } else {
+            ct->from_f32(k + g * hd, kc, hd);
+            ct->from_f32(v + g * hd, vc, hd);
         }
     }
 }

@@ -87,16 +87,19 @@ typedef struct {
     int row0, n_rows, n_keys;
 } pl_probs_out;
 
-/* Where a layer's keys and values lie, elements of type (PL_TYPE_F32 or PL_TYPE_F16): the key of
- * position j in KV head g starts at k + g · head_stride + j · ld elements, its value likewise in v.
- * A state's cache is head-major (ld = head_dim, head_stride = n_ctx · head_dim: one head's keys are
- * one contiguous run); position-major rows (ld = n_kv_heads · head_dim, head_stride = head_dim)
- * work the same. */
+/* Where a layer's keys and values lie, of type PL_TYPE_F32, PL_TYPE_F16 or PL_TYPE_Q8_0: the key of
+ * position j in KV head g starts g · head_stride + j · ld values into k (pl_row_size of that in
+ * bytes: q8_0 offsets are whole blocks), its value likewise in v. A state's cache is head-major
+ * (ld = head_dim, head_stride = n_ctx · head_dim: one head's keys are one contiguous run);
+ * position-major rows (ld = n_kv_heads · head_dim, head_stride = head_dim) work the same. */
 typedef struct {
     const void *k, *v;
     int type;
     int64_t ld, head_stride;
 } pl_kv_view;
+
+/* Floats of stack a thread's attention widens q8_0 rows into: rows of head_dim, a block of them. */
+#define PL_ATTN_WIDE_FLOATS 4096
 
 /* Causal GQA attention of n queries at positions pos0.. over a layer's keys and values kv: for
  * token t of the batch (position p = pos0 + t) and query head h,
@@ -114,7 +117,7 @@ void pl_attention_per_query(const pl_model *m, const float *q, const pl_kv_view 
                             float *out, float *scores, const pl_probs_out *probs, int ith, int nth);
 
 /* The same for a prefill batch through sgemm; scores holds PL_ATTN_QBLOCK × n_ctx floats. An f16
- * cache's rows are widened first into kv_wide, 2 × n_ctx × head_dim floats (NULL for f32). */
+ * or q8_0 cache's rows are widened first into kv_wide, 2 × n_ctx × head_dim floats (NULL for f32). */
 #define PL_ATTN_QBLOCK 64
 void pl_attention_blas(const pl_model *m, const float *q, const pl_kv_view *kv, int pos0, int n, int window,
                        float *out, float *scores, float *kv_wide, pl_sgemm_fn sgemm, const pl_probs_out *probs,
@@ -190,7 +193,7 @@ struct pl_state {
     float *kstage;         /* (n_batch, kv_dim) keys as computed, before they go to their heads' rows in the cache */
     float *vstage;         /* (n_batch, kv_dim) and values */
     float *scores;         /* (n_threads, pl_attention_scores_floats(m, n_ctx, sgemm)) */
-    float *kv_wide;        /* (n_threads, 2, n_ctx, head_dim) an f16 cache's K/V rows widened for sgemm; or NULL */
+    float *kv_wide;        /* (n_threads, 2, n_ctx, head_dim) an f16 or q8_0 cache's rows widened for sgemm, or NULL */
     pl_matmul_scratch mm;  /* xq: (PL_MATMUL_MAX_OUTS, xq_region); wtile: (tile_floats) */
 };
 

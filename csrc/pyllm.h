@@ -299,9 +299,12 @@ void pl_model_unpack(pl_model *m);
 /* One sequence: its KV cache, rotary tables and every activation buffer, allocated once. */
 typedef struct pl_state pl_state;
 
-/* kv_type: the cache's element type, PL_TYPE_F32 or PL_TYPE_F16 (half the bytes; keys and values
- * rounded to f16 as they are stored). NULL for any other type. */
+/* kv_type: the cache's element type, PL_TYPE_F32, PL_TYPE_F16 (half the bytes; keys and values
+ * rounded to f16 as they are stored) or PL_TYPE_Q8_0 (about a quarter: each head's row of a key or
+ * value quantized to blocks of 32 as stored). NULL for a type pl_kv_type_fits refuses. */
 pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threads, int kv_type);
+/* Whether m's caches can hold kv_type: q8_0 needs whole blocks per head (head_dim % 32 == 0). */
+int pl_kv_type_fits(const pl_model *m, int kv_type);
 void pl_state_free(pl_state *s);
 int pl_state_pos(const pl_state *s);
 int pl_state_n_ctx(const pl_state *s);

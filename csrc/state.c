@@ -73,7 +73,7 @@ void pl_state_free(pl_state *s) {
 
 pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threads, int kv_type) {
     if (n_ctx < 1 || n_batch < 1 || n_threads < 1) return NULL;
-    if (kv_type != PL_TYPE_F32 && kv_type != PL_TYPE_F16) return NULL;
+    if (!pl_kv_type_fits(m, kv_type)) return NULL;
     if (m->pos_embd.data && n_ctx > m->n_positions) return NULL; /* no position past the table */
     if (n_batch > n_ctx) n_batch = n_ctx;
     pl_state *s = calloc(1, sizeof *s);
@@ -85,7 +85,7 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
     s->kv_type = kv_type;
     size_t f = sizeof(float), half = (size_t)m->n_rot / 2, qd = (size_t)m->n_heads * m->head_dim;
     size_t n_ropes = m->n_rot ? (size_t)m->n_ropes : 0;
-    size_t cache = (size_t)m->n_layers * n_ctx * s->kv_dim * (size_t)pl_traits(kv_type)->type_size;
+    size_t cache = (size_t)m->n_layers * n_ctx * (size_t)pl_row_size(kv_type, s->kv_dim);
     s->cache_bytes = (int64_t)cache;
     s->k_cache = pl_alloc_aligned(cache);
     s->v_cache = pl_alloc_aligned(cache);
@@ -143,6 +143,12 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
 fail:
     pl_state_free(s);
     return NULL;
+}
+
+int pl_kv_type_fits(const pl_model *m, int kv_type) {
+    if (kv_type == PL_TYPE_F32 || kv_type == PL_TYPE_F16) return 1;
+    /* a q8_0 row of a head is whole blocks, and attention widens it on the stack (attention.c) */
+    return kv_type == PL_TYPE_Q8_0 && m->head_dim % 32 == 0 && m->head_dim <= PL_ATTN_WIDE_FLOATS;
 }
 
 int pl_state_pos(const pl_state *s) { return s->pos; }

@@ -112,6 +112,7 @@ cdef extern from "pyllm.h" nogil:
     ctypedef struct pl_state:
         pass
     pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threads, int kv_type)
+    int pl_kv_type_fits(const pl_model *m, int kv_type)
     int64_t pl_state_cache_bytes(const pl_state *s)
     void pl_state_free(pl_state *s)
     int pl_state_pos(const pl_state *s)
@@ -618,13 +619,13 @@ cdef class CoreModel:
     cdef readonly int n_threads
     cdef readonly tuple weight_types  # the types of every matrix, as bound
     cdef readonly frozenset slot_names  # the slots present in some layer or the model ("bq", "pos_embd", ...)
-    cdef public str kv_dtype  # the cache type of the sequences made for this model unless they name one
+    cdef str _kv_dtype  # the cache type of the sequences made for this model unless they name one
 
     def __cinit__(self, dict hparams, dict slots, list layers, list ropes, object keep, int threads,
                   bint use_blas=True, object blas_controls=None, dict pack=None):
         cdef list held = []
         self.keep = (keep, held)
-        self.kv_dtype = "f32"
+        self._kv_dtype = "f32"
         self.weight_types = tuple(sorted({int(v[0]) for k, v in slots.items()
                                           if _is_matrix(k)}))
         self.slot_names = frozenset(k.rpartition(".")[2] for k in slots)
@@ -721,6 +722,22 @@ cdef class CoreModel:
                 if arr is not None and arr.shape[0] != sizes[table[base]]:
                     raise ValueError(f"{key} has {arr.shape[0]} values, expected {sizes[table[base]]}")
 
+    @property
+    def kv_dtype(self) -> str:
+        return self._kv_dtype
+
+    @kv_dtype.setter
+    def kv_dtype(self, value):
+        self._kv_dtype = self.check_kv_dtype(value)
+
+    def check_kv_dtype(self, kv_dtype) -> str:
+        """kv_dtype if this model's caches can hold it, else a ValueError that says why."""
+        check_kv_dtype(kv_dtype)
+        if not pl_kv_type_fits(&self.m, KV_DTYPES[kv_dtype]):
+            raise ValueError(f"a {kv_dtype} KV cache needs a head_dim that is a multiple of 32 (at most 4096), "
+                             f"not {self.m.head_dim}")
+        return kv_dtype
+
     def __dealloc__(self):
         if self.pool != NULL:
             pl_pool_free(self.pool)
@@ -739,7 +756,7 @@ def _is_matrix(key: str) -> bool:
     return key.rpartition(".")[2] in _MATRIX_SLOTS
 
 
-KV_DTYPES = {"f32": 0, "f16": 1}  # the cache's element type → its pl_type
+KV_DTYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # the cache's element type → its pl_type
 
 
 def trim_heap() -> None:
@@ -757,7 +774,8 @@ def check_kv_dtype(kv_dtype) -> str:
 
 cdef class CoreSequence:
     """A KV cache and the buffers for one sequence of up to n_ctx tokens; kv_dtype is the cache's
-    element type ("f32", or "f16" at half the bytes), by default the model's."""
+    element type ("f32", "f16" at half the bytes, "q8_0" at 34 bytes per 32 values), by default the
+    model's."""
     cdef pl_state *s
     cdef CoreModel model
     cdef readonly int n_ctx, n_batch
@@ -766,7 +784,7 @@ cdef class CoreSequence:
 
     def __cinit__(self, CoreModel model, int n_ctx, int n_batch=512, kv_dtype=None):
         self.model = model
-        self.kv_dtype = check_kv_dtype(model.kv_dtype if kv_dtype is None else kv_dtype)
+        self.kv_dtype = model.kv_dtype if kv_dtype is None else model.check_kv_dtype(kv_dtype)
         self.s = pl_state_create(&model.m, n_ctx, n_batch, model.n_threads, KV_DTYPES[self.kv_dtype])
         if self.s == NULL:
             raise MemoryError(f"could not allocate a sequence of {n_ctx} tokens")
@@ -1039,6 +1057,8 @@ cdef struct _attention_job:
     int64_t scores_per_thread
     int path  # 0: pl_attention, 1: pl_attention_blas, 2: pl_attention_per_query
     pl_sgemm_fn sgemm
+    float *kv_wide
+    int64_t kv_wide_per_thread
     const pl_probs_out *probs
 
 
@@ -1046,7 +1066,9 @@ cdef void _attention_task(void *arg, int ith, int nth) noexcept nogil:
     cdef _attention_job *j = <_attention_job *>arg
     cdef float *scores = j.scores + ith * j.scores_per_thread
     if j.path == 1:
-        pl_attention_blas(j.m, j.q, &j.kv, j.pos0, j.n, j.window, j.out, scores, NULL, j.sgemm, j.probs, ith, nth)
+        pl_attention_blas(j.m, j.q, &j.kv, j.pos0, j.n, j.window, j.out, scores,
+                          j.kv_wide + ith * j.kv_wide_per_thread if j.kv_wide != NULL else NULL, j.sgemm, j.probs,
+                          ith, nth)
     elif j.path == 2:
         pl_attention_per_query(j.m, j.q, &j.kv, j.pos0, j.n, j.window, j.out, scores, j.probs, ith, nth)
     else:
@@ -1055,11 +1077,13 @@ cdef void _attention_task(void *arg, int ith, int nth) noexcept nogil:
 
 def attention(const float[:, ::1] q, k, v, int n_heads, int n_kv_heads, float scale, int pos0=0, int window=0,
               float softcap=0.0, bint blas=False, int threads=1, bint with_probs=False, bint per_query=False,
-              scores_per_thread=None, bint head_major=False):
+              scores_per_thread=None, bint head_major=False, bint q8_0=False):
     """The engine's causal attention of q (n, n_heads·hd) at positions pos0.. over the cache k, v
     (pos0 + n, n_kv_heads·hd), float32 or float16 (an f16 cache): the vec path, the sgemm path with
-    blas=True (float32 only), or the one-query-at-a-time reference with per_query=True.
+    blas=True, or the one-query-at-a-time reference with per_query=True.
     head_major: k and v are laid out as a model state keeps them, (n_kv_heads, pos0 + n, hd).
+    q8_0: float32 k and v go into a q8_0 cache first, each head's row quantized as a state stores
+    it (head_dim a multiple of 32).
     scores_per_thread: the vec path's scratch in floats (at least pos0 + n; by default what a model
     state gives it). with_probs: returns (out, probabilities (n_heads, n, pos0 + n)) as a trace
     copies them."""
@@ -1068,11 +1092,13 @@ def attention(const float[:, ::1] q, k, v, int n_heads, int n_kv_heads, float sc
         raise ValueError("bad head counts")
     cdef int hd = q.shape[1] // n_heads
     k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
-    if k.dtype != v.dtype or k.dtype not in (np.float32, np.float16) or (blas and k.dtype != np.float32):
-        raise ValueError("k and v must be both float32 or both float16 (float32 with blas)")
+    if k.dtype != v.dtype or k.dtype not in (np.float32, np.float16) or (q8_0 and (k.dtype != np.float32 or hd % 32)):
+        raise ValueError("k and v must be both float32 or both float16 (float32 for q8_0, head_dim a multiple of 32)")
     shape = [n_kv_heads, pos0 + n, hd] if head_major else [pos0 + n, n_kv_heads * hd]
     if v.shape != k.shape or list(k.shape) != shape:
         raise ValueError("k and v must hold pos0 + n rows of n_kv_heads · head_dim")
+    if q8_0:  # whole blocks per head row, so quantizing the lot is quantizing each row
+        k, v = from_f32(KV_DTYPES["q8_0"], k.ravel()), from_f32(KV_DTYPES["q8_0"], v.ravel())
     if n == 0 or window < 0 or softcap < 0:
         raise ValueError("bad arguments")
     cdef pl_model m
@@ -1092,13 +1118,17 @@ def attention(const float[:, ::1] q, k, v, int n_heads, int n_kv_heads, float sc
     cdef _attention_job job
     job.m, job.q = &m, &q[0, 0]
     job.kv.k, job.kv.v = <const void *><uintptr_t>k.ctypes.data, <const void *><uintptr_t>v.ctypes.data
-    job.kv.type = 1 if k.dtype == np.float16 else 0  # PL_TYPE_F16, PL_TYPE_F32
+    job.kv.type = KV_DTYPES["q8_0" if q8_0 else "f16" if k.dtype == np.float16 else "f32"]
     job.kv.ld = hd if head_major else n_kv_heads * hd
     job.kv.head_stride = (pos0 + n) * hd if head_major else hd
     job.pos0, job.n, job.window, job.out = pos0, n, window, &o[0, 0]
     job.scores, job.scores_per_thread = &sv[0], per
     job.path = 1 if blas else 2 if per_query else 0
     job.sgemm = scipy_sgemm() if blas else NULL
+    # the sgemm path widens an f16 or q8_0 cache's rows of a head first
+    wide = np.zeros(threads * 2 * (pos0 + n) * hd if blas and job.kv.type != 0 else 1, dtype=np.float32)
+    job.kv_wide = <float *><uintptr_t>wide.ctypes.data if blas and job.kv.type != 0 else NULL
+    job.kv_wide_per_thread = 2 * (pos0 + n) * hd
     probs = np.zeros((n_heads, n, pos0 + n), dtype=np.float32)
     cdef pl_probs_out po
     po.data, po.row0, po.n_rows, po.n_keys = <float *><uintptr_t>probs.ctypes.data, 0, n, pos0 + n

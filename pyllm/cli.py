@@ -265,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="context length to allocate (default: the model's, at most 4096)")
 
     def kv_dtype_arg(p):
-        p.add_argument("--kv-dtype", choices=["f32", "f16"], default="f32",
-                       help="the KV cache's element type: f16 halves its memory and bandwidth (long contexts)")
+        p.add_argument("--kv-dtype", choices=["f32", "f16", "q8_0"], default="f32",
+                       help="the KV cache's element type: f16 halves its memory and bandwidth (long contexts), "
+                            "q8_0 about quarters it")
 
     def sampling_args(p, max_tokens):
         p.add_argument("--max-tokens", type=_count, default=max_tokens)

@@ -55,7 +55,7 @@ class Model:
                  source: str, eos_ids: set[int], weights: dict | None = None, parallel: int = 4,
                  kv_dtype: str = "f32"):
         # every CoreSequence made for this model (caches, the engine's, traces) takes its cache type
-        core.kv_dtype = _core.check_kv_dtype(kv_dtype)
+        core.kv_dtype = kv_dtype  # checked against the model's head_dim
         self.spec = spec
         self.weights = weights or {}  # tensor name -> WeightSummary, as stored in the file
         self.tokenizer = tokenizer
@@ -564,8 +564,9 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
     weight matrix at load, in C on all threads: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0",
     "q5_1", "q4_k", "q5_k", "q6_k" (k-quants fall back to q5_0/q5_1/q8_0 for rows that are not whole
     256-blocks); norms stay f32. None keeps what the file holds. kv_dtype is the KV cache's element
-    type: "f32", or "f16" for half the memory and bandwidth at long contexts (keys and values
-    rounded to f16; tests/test_kv_cache.py states how far logits move).
+    type: "f32", "f16" for half the memory and bandwidth at long contexts (keys and values rounded
+    to f16), or "q8_0" for 34 bytes per 32 values (each head's key and value quantized to 8 bits as
+    stored; head_dim a multiple of 32); tests/test_kv_cache.py states how far logits move.
 
     >>> llm = pyllm.load("smollm2")  # doctest: +SKIP
     >>> llm = pyllm.load("owner/Some-Model-GGUF", file="*Q4_K_M.gguf")  # doctest: +SKIP

@@ -96,3 +96,29 @@ def test_multi_query_kernels_are_bit_identical_to_the_single_ones(isa, rng, n, k
     for i in range(nq):
         want[i] += ws[i, first[i]:end[i]].astype(np.float64) @ x[first[i]:end[i]].astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (24, 5.0)])
+@pytest.mark.parametrize("n_heads,n_kv,hd", [(9, 3, 64), (4, 1, 32), (8, 2, 96)])
+def test_attention_over_a_q8_0_cache_is_the_same_in_any_batch_and_exact_over_its_values(isa, rng, n_heads, n_kv,
+                                                                                       hd, window, softcap):
+    """kv_dtype="q8_0": each head's key and value rows quantized to blocks of 32; attention widens
+    them (exactly: an f16 scale times a small integer), so every path gives the per-query bits and
+    the result is attention over the dequantized values."""
+    pos0, n = 37, 64
+    q, k, v = inputs(rng, n_heads, n_kv, hd, pos0, n, np.float32)
+    kh, vh = by_head(k, n_kv), by_head(v, n_kv)
+    args = dict(pos0=pos0, window=window, softcap=softcap, q8_0=True)
+    want = _core.attention(q, kh, vh, n_heads, n_kv, 0.3, per_query=True, head_major=True, **args)
+    for threads in (1, 2, 3):
+        got = _core.attention(q, kh, vh, n_heads, n_kv, 0.3, threads=threads, head_major=True, **args)
+        assert np.array_equal(bits(got), bits(want)), threads
+    got = _core.attention(q, k, v, n_heads, n_kv, 0.3, threads=2, **args)  # position-major rows, same blocks
+    assert np.array_equal(bits(got), bits(want))
+    q8 = _core.KV_DTYPES["q8_0"]
+    deq = [_core.to_f32(q8, _core.from_f32(q8, x.ravel()), x.size).reshape(x.shape) for x in (k, v)]
+    exact = attention_ref(q, deq[0], deq[1], n_heads, n_kv, 0.3, pos0, window, softcap)
+    np.testing.assert_allclose(want, exact, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(_core.attention(q, kh, vh, n_heads, n_kv, 0.3, blas=True, threads=2, head_major=True,
+                                               **args), exact, rtol=1e-4, atol=1e-5)
+    assert np.abs(deq[0] - k).max() > 0  # the cache did round

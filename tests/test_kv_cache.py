@@ -12,7 +12,11 @@ Observed max |Δlogit| f16 vs f32 (2 threads, AVX2), prompt / decode steps:
                       sgemm path                  0.017 / 0.99
 SmolLM2 Q4_1's vec path quantizes every activation row to q8_1, so a rounding-sized change flips
 some of those roundings: its f32 cache moves by as much (up to 1.9) with the scalar kernels instead
-of AVX2. Where activations stay f32 (its sgemm prefill) the f16 cache moves logits by 0.017."""
+of AVX2. Where activations stay f32 (its sgemm prefill) the f16 cache moves logits by 0.017.
+
+kv_dtype="q8_0" (the last section): each head's row of a key or value quantized to blocks of 32 as
+stored, attention over the rows widened exactly. SmolLM2 Q4_1 max |Δlogit| against the f32 cache
+1.8 / 1.3 (within the 8-bit activations' tolerance above); widened to f32 weights, 0.46."""
 from __future__ import annotations
 
 import os
@@ -65,13 +69,13 @@ def test_f16_kernels_are_exact_on_small_integers(isa, rng):
     assert np.array_equal(_core.axpy_f16(q, 3.0, k), q + 3.0 * k.view(np.float16).astype(np.float32))
 
 
-def _max_diffs(llm, n_prompt: int, steps: int, seed: int = 0) -> tuple[float, float]:
-    """(max |Δ| over the prompt's logits, over the decode steps'), an f16 cache against f32, the
-    same random tokens fed to both."""
+def _max_diffs(llm, n_prompt: int, steps: int, seed: int = 0, kv_dtype: str = "f16") -> tuple[float, float]:
+    """(max |Δ| over the prompt's logits, over the decode steps'), an f16 (or kv_dtype) cache
+    against f32, the same random tokens fed to both."""
     rng = np.random.default_rng(seed)
     ids = [int(t) for t in rng.integers(3, llm.vocab_size, n_prompt + steps)]
     a = _core.CoreSequence(llm._core, 128, kv_dtype="f32")
-    b = _core.CoreSequence(llm._core, 128, kv_dtype="f16")
+    b = _core.CoreSequence(llm._core, 128, kv_dtype=kv_dtype)
     prompt = np.abs(a.forward(ids[:n_prompt], all_logits=True) - b.forward(ids[:n_prompt], all_logits=True)).max()
     step = max(np.abs(a.forward([t]) - b.forward([t])).max() for t in ids[n_prompt:])
     return float(prompt), float(step)
@@ -183,7 +187,7 @@ def test_every_cache_of_a_model_takes_its_kv_dtype(family_checkpoint):
     assert Engine(llm)._work.kv_dtype == "f16"
 
 
-@pytest.mark.parametrize("bad", ["f8", "F16", "q8_0", None, 16])
+@pytest.mark.parametrize("bad", ["f8", "F16", "Q8_0", "q4_0", None, 16])
 def test_a_bad_kv_dtype_is_refused(family_checkpoint, bad):
     folder = family_checkpoint("llama")
     with pytest.raises(ValueError, match="kv_dtype"):
@@ -207,3 +211,73 @@ def test_a_trace_over_an_f16_cache_gives_f32_keys_and_values(family_checkpoint, 
         np.testing.assert_array_equal(t16[name][0], t32[name][0])
         np.testing.assert_allclose(t16[name], t32[name], rtol=0, atol=FAMILY_ATOL)
     np.testing.assert_array_equal(t16["logits"], m16.logits(ids))
+
+
+# ---------------------------------------------------------------- the q8_0 cache
+
+Q8_0_F32_ACT_ATOL = 1.0  # SmolLM2 widened, float activations: observed 0.46 (f16: 0.017)
+
+
+def test_a_q8_0_cache_needs_whole_blocks_per_head(family_checkpoint):
+    folder = family_checkpoint("llama")  # head_dim 18
+    with pytest.raises(ValueError, match="head_dim that is a multiple of 32.*not 18"):
+        pyllm.load(folder, threads=2, kv_dtype="q8_0")
+    llm = pyllm.load(folder, threads=2)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        _core.CoreSequence(llm._core, 8, kv_dtype="q8_0")
+
+
+def test_smollm2_q8_0_cache_bytes_and_logits(smollm2_gguf):
+    """34 bytes per 32 values; logits within the 8-bit activations' tolerance of the f32 cache, as
+    the f16 cache's; a prompt fed whole or token by token, the same bits."""
+    llm = pyllm.load(smollm2_gguf, threads=2, n_ctx=128, kv_dtype="q8_0")
+    spec = llm.spec
+    seq = _core.CoreSequence(llm._core, 100)
+    assert seq.kv_dtype == "q8_0"
+    assert seq.cache_bytes == 2 * spec.n_layers * 100 * spec.n_kv_heads * spec.head_dim // 32 * 34
+    for seed in range(2):
+        prompt, step = _max_diffs(llm, 9, 16, seed, kv_dtype="q8_0")
+        print(f"smollm2 q8_0 seed={seed}: max |dlogit| prompt {prompt:.3f}, decode {step:.3f}")
+        assert 0 < max(prompt, step) and prompt < SMOLLM2_ATOL and step < SMOLLM2_ATOL
+    ids = [int(t) for t in np.random.default_rng(5).integers(3, llm.vocab_size, 40)]
+    whole = seq.forward(ids, all_logits=True)
+    one = _core.CoreSequence(llm._core, 100)
+    np.testing.assert_array_equal(whole, np.stack([one.forward([t]) for t in ids]))
+
+
+def test_smollm2_widened_q8_0_cache_logits_are_within_tolerance_of_f32(smollm2_gguf):
+    """Float activations and the sgemm attention (40-token prompt) over widened q8_0 rows."""
+    llm = pyllm.load(smollm2_gguf, threads=2, n_ctx=128, dtype="f32")
+    prompt, step = _max_diffs(llm, 40, 16, kv_dtype="q8_0")
+    print(f"smollm2 f32 weights, q8_0 cache: max |dlogit| prompt {prompt:.3f}, decode {step:.3f}")
+    assert prompt < Q8_0_F32_ACT_ATOL and step < Q8_0_F32_ACT_ATOL
+
+
+def test_smollm2_batched_steps_over_q8_0_caches_are_each_sequence_s_own(smollm2_gguf):
+    llm = pyllm.load(smollm2_gguf, threads=2, n_ctx=64, kv_dtype="q8_0")
+    rng = np.random.default_rng(2)
+    prompts = [list(rng.integers(3, llm.vocab_size, n)) for n in (1, 23, 9)]
+    feeds = [list(rng.integers(3, llm.vocab_size, 6)) for _ in prompts]
+    solo = []
+    for prompt, feed in zip(prompts, feeds):
+        seq = _core.CoreSequence(llm._core, 64)
+        seq.forward(prompt)
+        solo.append(np.stack([seq.forward([t]) for t in feed]))
+    seqs = [_core.CoreSequence(llm._core, 64) for _ in prompts]
+    for seq, prompt in zip(seqs, prompts):
+        seq.forward(prompt)
+    work = _core.CoreSequence(llm._core, 64, n_batch=len(prompts))
+    batched = np.stack([work.forward_batch(seqs, [f[step] for f in feeds]) for step in range(6)], axis=1)
+    for a, b in zip(solo, batched):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_smollm2_chats_and_generates_with_a_q8_0_cache_as_with_f32(smollm2_gguf):
+    llm = pyllm.load(smollm2_gguf, threads=2, n_ctx=128, kv_dtype="q8_0")
+    f32 = pyllm.load(smollm2_gguf, threads=2, n_ctx=128)
+    assert llm.kv_dtype == "q8_0"
+    messages = [{"role": "user", "content": "Name the capital of France."}]
+    assert llm.chat(messages, max_tokens=12, temperature=0).text == "The capital of France is Paris."
+    prompt = "Once upon a time, there was a little"
+    assert llm.generate(prompt, max_tokens=12, temperature=0).text == \
+        f32.generate(prompt, max_tokens=12, temperature=0).text
