@@ -525,7 +525,7 @@ def main(argv=None) -> int:
     parser.add_argument("--decode-at", default=str(DECODE_PROMPT),
                         help="comma list of positions (prompt lengths) decode starts at")
     parser.add_argument("--pyllm-dtype", help='passed to pyllm.load(dtype=...), e.g. "q8_0", "q4_0", "bf16"')
-    parser.add_argument("--pyllm-kv-dtype", choices=("f32", "f16"),
+    parser.add_argument("--pyllm-kv-dtype", choices=("f32", "f16", "q8_0"),
                         help="pyllm's KV cache type (pyllm.load(kv_dtype=...)); llama.cpp's is f16")
     parser.add_argument("--out", help="append the table to this markdown file (e.g. benchmarks/RESULTS.md)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -88,3 +88,12 @@ def test_a_quantized_model_runs_without_loading_scipys_blas(smollm2_gguf, family
     assert quantized.stdout.strip() == "False", quantized.stderr
     floating = pyllm_process("-c", code, family_checkpoint("llama"))
     assert floating.stdout.strip() == "True", floating.stderr
+
+
+def test_jinja2_comes_with_the_first_chat_template_not_with_loading(smollm2_gguf):
+    """jinja2 is ~7 MB resident: loading and generating leave it out; the first chat renders with it."""
+    code = ("import sys, pyllm; llm = pyllm.load(sys.argv[1], threads=2); llm.generate('Hi', max_tokens=2); "
+            "print('jinja2' in sys.modules); llm.chat([{'role': 'user', 'content': 'Hi'}], max_tokens=2); "
+            "print('jinja2' in sys.modules)")
+    out = pyllm_process("-c", code, smollm2_gguf)
+    assert out.stdout.split() == ["False", "True"], out.stderr

@@ -1,0 +1,343 @@
+"""The jinja2 sandbox that renders chat templates, with the bounds on time and size described in
+chat.py (which holds the limits, so they can be changed in one place). Imported on the first
+rendering only: jinja2 costs ~7 MB of resident memory that a model used without chat never needs.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+import time
+from contextvars import ContextVar
+from datetime import datetime
+from functools import lru_cache
+from typing import ClassVar
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.compiler import CodeGenerator
+from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from . import chat as limits
+from .chat import ChatTemplateError
+
+_MIN_JINJA = (3, 1, 6)  # older releases have known sandbox escapes; templates are untrusted code
+_MAX_INT_BITS = 1 << 16
+
+
+def render(template: str, messages: list, add_generation_prompt: bool, variables: dict) -> str:
+    """template rendered over messages and variables (plain JSON values, prepared by render_chat),
+    within the limits chat.py sets; any failure is a ChatTemplateError."""
+    budget = _Budget(time.monotonic() + limits.RENDER_SECONDS)
+    compiled = _compile(template)
+    token = _BUDGET.set(budget)
+    try:
+        out, size = [], 0
+        for piece in compiled.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                       **variables):
+            size += len(piece)
+            if size > limits.MAX_CHARS:
+                raise ChatTemplateError(f"chat template wrote more than {limits.MAX_CHARS:,} characters")
+            budget.tick()
+            out.append(piece)
+        return "".join(out)
+    except ChatTemplateError:
+        raise
+    except SecurityError as e:
+        raise ChatTemplateError(f"chat template blocked by the sandbox: {e}") from None
+    except TemplateError as e:
+        raise ChatTemplateError(f"chat template failed: {e}") from None
+    except Exception as e:  # a template is a program: any failure inside it is the template's
+        raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
+    finally:
+        _BUDGET.reset(token)
+
+
+class _Budget:
+    """What one rendering may still spend: time until deadline, and characters of values made."""
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.made = 0
+
+    def tick(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise ChatTemplateError(f"chat template took more than {limits.RENDER_SECONDS:g} s to render")
+
+    def need(self, size: int, what: str) -> None:
+        """Refuses, before it runs, an operation that would make a value of size characters."""
+        if size > limits.MAX_CHARS:
+            raise ChatTemplateError(f"chat template would make {what} of {size:,} characters or items "
+                                    f"(at most {limits.MAX_CHARS:,})")
+
+    def charge(self, value):
+        size = _size(value)
+        self.need(size, "a value")
+        self.made += size
+        if self.made > limits.MADE_CHARS:
+            raise ChatTemplateError(f"chat template made more than {limits.MADE_CHARS:,} characters of values")
+        self.tick()
+        return value
+
+    def loop(self, iterable):
+        for i, item in enumerate(iterable):
+            if not i & 255:
+                self.tick()
+            yield item
+
+
+_BUDGET: ContextVar[_Budget | None] = ContextVar("pyllm_chat_template_budget", default=None)
+
+
+def _size(value) -> int:
+    return len(value) if isinstance(value, (str, bytes, list, tuple, dict, set, frozenset)) else 0
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# Widths and precisions in printf-style and str.format format strings.
+_PRINTF_WIDTHS = re.compile(r"%[-#0 +]*(\d*)(?:\.(\d*))?")
+_FORMAT_SPECS = re.compile(r"\{[^{}]*:([^{}]*)\}")
+
+
+def _check_args(budget: _Budget, args, kwargs) -> None:
+    """No int argument larger than a value may be (a width, a count, a fill)."""
+    for value in (*args, *kwargs.values()):
+        if _is_int(value) and abs(value) > limits.MAX_CHARS:
+            budget.need(abs(value), "a value (from an argument)")
+
+
+def _check_format(budget: _Budget, fmt) -> None:
+    if not isinstance(fmt, str):
+        return
+    numbers = [n for m in _PRINTF_WIDTHS.finditer(fmt) for n in m.groups() if n]
+    numbers += [n for spec in _FORMAT_SPECS.findall(fmt) for n in re.findall(r"\d+", spec)]
+    if numbers:
+        budget.need(max(int(n) for n in numbers), "a formatted string")
+
+
+def _replaced_size(s, old, new) -> int:
+    if not all(isinstance(x, str) for x in (s, old, new)):
+        return 0
+    hits = s.count(old) if old else len(s) + 1
+    return len(s) + hits * len(new)
+
+
+def _joined_size(sep, items) -> int:
+    if not isinstance(items, (list, tuple, str, dict)):
+        return 0  # an iterator: its result is charged once made
+    return sum(_size(x) for x in items) + _size(sep) * len(items)
+
+
+def _check_binop(budget: _Budget, op: str, left, right) -> None:
+    if op == "*":
+        for seq, n in ((left, right), (right, left)):
+            if _size(seq) and _is_int(n):
+                budget.need(_size(seq) * n, "a repeated value")
+        if _is_int(left) and _is_int(right) and left.bit_length() + right.bit_length() > _MAX_INT_BITS:
+            raise _too_big_int()
+    elif op == "+" and _size(left) and _size(right):
+        budget.need(_size(left) + _size(right), "a concatenation")
+    elif op == "**" and _is_int(left) and _is_int(right) and abs(left) > 1 and right > 0:
+        if left.bit_length() * right > _MAX_INT_BITS:
+            raise _too_big_int()
+    elif op == "%" and isinstance(left, str):
+        _check_format(budget, left)
+        _check_args(budget, right if isinstance(right, tuple) else (right,), {})
+
+
+def _too_big_int() -> ChatTemplateError:
+    return ChatTemplateError(f"chat template would make an integer of more than {_MAX_INT_BITS:,} bits")
+
+
+def _check_method(budget: _Budget, method, args, kwargs) -> None:
+    """Estimates for the str methods whose result can be far larger than their inputs."""
+    method = getattr(method, "__wrapped__", method)  # the sandbox wraps str.format
+    owner, name = getattr(method, "__self__", None), getattr(method, "__name__", "")
+    if not isinstance(owner, str):
+        return
+    if name == "replace" and len(args) >= 2:
+        budget.need(_replaced_size(owner, args[0], args[1]), "a replaced string")
+    elif name == "join" and args:
+        budget.need(_joined_size(owner, args[0]), "a joined string")
+    elif name == "expandtabs":
+        size = args[0] if args else kwargs.get("tabsize", 8)
+        if _is_int(size):
+            budget.need(len(owner) + owner.count("\t") * size, "an expanded string")
+    elif name in ("format", "format_map"):
+        _check_format(budget, owner)
+
+
+def _guarded_filter(name: str, f):
+    """The filter f, with its result charged and, for those whose result can be far larger than
+    their input, the size it would make checked first."""
+    skip = 1 if getattr(f, "jinja_pass_arg", None) is not None else 0
+
+    @functools.wraps(f)
+    def guarded(*args, **kwargs):
+        budget = _BUDGET.get()
+        if budget is None:  # jinja's optimizer folding constants while compiling: not unbounded
+            raise jinja2.nodes.Impossible()
+        own = args[skip:]
+        _check_args(budget, own, kwargs)
+        if name == "replace" and len(own) >= 3:
+            budget.need(_replaced_size(*own[:3]), "a replaced string")
+        elif name == "join" and own:
+            budget.need(_joined_size(own[1] if len(own) > 1 else kwargs.get("d", ""), own[0]),
+                        "a joined string")
+        elif name == "indent" and own and isinstance(own[0], str):
+            width = own[1] if len(own) > 1 else kwargs.get("width", 4)
+            budget.need((own[0].count("\n") + 1) * (_size(width) or (width if _is_int(width) else 0)),
+                        "an indented string")
+        elif name == "wordwrap" and own and isinstance(own[0], str):
+            wrap = kwargs.get("wrapstring") or (own[3] if len(own) > 3 else None)
+            budget.need(len(own[0]) * (1 + _size(wrap)), "a wrapped string")
+        elif name == "format" and own:
+            _check_format(budget, own[0])
+        elif name == "tojson":
+            indent = own[1] if len(own) > 1 else kwargs.get("indent")
+            if (_size(indent) or (indent if _is_int(indent) else 0)) > 64:
+                raise ChatTemplateError(f"chat template asks tojson for an indent of {indent!r} (at most 64)")
+        return budget.charge(f(*args, **kwargs))
+
+    return guarded
+
+
+class _CodeGenerator(CodeGenerator):
+    """jinja's code generator with the two hooks a sandbox lacks: every for-loop's iterable goes
+    through environment.guard_loop (a template can loop without calling anything) and every ``~``
+    concatenation through environment.charge."""
+
+    def visit_Template(self, node, frame=None):
+        self._loop_iterables = {id(loop.iter) for loop in node.find_all(jinja2.nodes.For)}
+        super().visit_Template(node, frame)
+
+    def visit(self, node, *args, **kwargs):
+        if id(node) in getattr(self, "_loop_iterables", ()):
+            self.write("environment.guard_loop(")
+            super().visit(node, *args, **kwargs)
+            self.write(")")
+        else:
+            super().visit(node, *args, **kwargs)
+
+    def visit_Concat(self, node, frame):
+        self.write("environment.charge(")
+        super().visit_Concat(node, frame)
+        self.write(")")
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    code_generator_class = _CodeGenerator
+    intercepted_binops = frozenset({"*", "+", "**", "%"})
+
+    def unsafe_undefined(self, obj, attribute):
+        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+    def call_binop(self, context, operator, left, right):
+        budget = _BUDGET.get()
+        if budget is None:
+            return super().call_binop(context, operator, left, right)
+        _check_binop(budget, operator, left, right)
+        return budget.charge(super().call_binop(context, operator, left, right))
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own spelling)
+        budget = _BUDGET.get()
+        if budget is None:
+            return super().call(__context, __obj, *args, **kwargs)
+        _check_args(budget, args, kwargs)
+        _check_method(budget, __obj, args, kwargs)
+        return budget.charge(super().call(__context, __obj, *args, **kwargs))
+
+    def guard_loop(self, iterable):
+        budget = _BUDGET.get()
+        return iterable if budget is None else budget.loop(iterable)
+
+    def charge(self, value):
+        budget = _BUDGET.get()
+        return value if budget is None else budget.charge(value)
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """``{% generation %}…{% endgeneration %}`` marks assistant text for training masks in
+    transformers; here it renders its body unchanged."""
+
+    tags: ClassVar[set[str]] = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller):
+        return caller()
+
+
+class _Namespace(jinja2.utils.Namespace):
+    # Underscore names on a namespace are a path to CPython internals; transformers refuses them too.
+    def __init__(*args, **kwargs):
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _Namespace._check(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name, value):
+        _Namespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name):
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError(f"chat templates cannot store underscore-prefixed attributes, got {name!r}")
+
+
+class _Dict:
+    # dict() for templates, without the dict type itself (and its class attributes) in reach.
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+        return dict.fromkeys(*args, **kwargs)
+
+
+def _raise_exception(message):
+    raise ChatTemplateError(str(message))
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # jinja's own tojson escapes <, >, & and ' for HTML, which would change the prompt text.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format):
+    return datetime.now().strftime(format)
+
+
+@lru_cache(maxsize=32)
+def _compile(template: str) -> jinja2.Template:
+    version = tuple(int(p) for p in jinja2.__version__.split(".")[:3] if p.isdigit())
+    if version < _MIN_JINJA:
+        raise ChatTemplateError(f"chat templates need jinja2 >= 3.1.6 (older sandboxes have known escapes), "
+                                f"found {jinja2.__version__}")
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.filters = {name: _guarded_filter(name, f) for name, f in env.filters.items()}
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _Dict()
+    env.globals["namespace"] = _Namespace
+    try:
+        return env.from_string(template)
+    except TemplateSyntaxError as e:
+        raise ChatTemplateError(f"chat template syntax error on line {e.lineno}: {e.message}") from None
+    except TemplateError as e:
+        raise ChatTemplateError(f"chat template does not compile: {e}") from None
+    except (SyntaxError, RecursionError) as e:
+        # Blocks nested past what Python compiles (IndentationError, "too many statically nested
+        # blocks") or past the parser's recursion limit.
+        raise ChatTemplateError(f"chat template is nested too deeply to compile "
+                                f"({type(e).__name__}: {e.msg if isinstance(e, SyntaxError) else e})") from None
