@@ -176,7 +176,7 @@ struct pl_state {
     int n_ctx, n_batch, n_threads;
     int pos;               /* tokens in the cache */
     int kv_dim;            /* n_kv_heads * head_dim */
-    int kv_type;           /* PL_TYPE_F32 or PL_TYPE_F16: the caches' elements */
+    int kv_type;           /* PL_TYPE_F32, PL_TYPE_F16 or PL_TYPE_Q8_0: the caches' elements */
     void *k_cache;         /* (n_layers, n_kv_heads, n_ctx, head_dim) of kv_type: a head's keys are one run */
     void *v_cache;         /* (n_layers, n_kv_heads, n_ctx, head_dim) of kv_type */
     int64_t cache_bytes;   /* of each of the two */
