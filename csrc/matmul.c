@@ -203,17 +203,39 @@ static void group_rows(const pl_matmul_out *outs, int n_outs, int64_t begin, int
     }
 }
 
-/* Rows dealt on demand come in chunks of whole 16-row blocks (as row_range's, so that threads never
- * share a cache line of y and packed groups stay whole): about four per thread, at most 512 rows, so
- * that a thread the system stops for a moment holds back little while the others take the rest — but
- * never under ~2^18 multiply-adds, a few microseconds, against which taking a chunk costs little.
- * Which thread computes a row changes none of its bits. */
-static int64_t chunk_rows(int64_t rows, int64_t cols, int n, int nth) {
-    int64_t blocks = (rows + 15) / 16, per = (blocks + 4 * nth - 1) / (4 * nth);
-    int64_t least = ((1 << 18) / (cols * n) + 15) / 16;
-    if (per > 32) per = 32;
-    if (per < least) per = least;
-    return per * 16;
+/* Rows dealt on demand: chunk k (pl_pool_take_chunk's k-th take, by any thread) is the k-th of a
+ * guided sequence over the rows' 16-row blocks (row_range's, so that threads never share a cache
+ * line of y and packed groups stay whole): each chunk 1/(2·nth) of the blocks still left, never under
+ * ~2^14 multiply-adds, against which taking a chunk costs little. Large chunks first keep the takes
+ * few; small ones last leave a thread at most a small chunk behind another at the closing barrier,
+ * or behind one the system stopped for a moment. Which thread computes a row changes none of its
+ * bits. */
+typedef struct {
+    int64_t rows, blocks, least; /* the matrix (or group) rows, its blocks, the fewest blocks a chunk takes */
+    int nth;
+    int64_t k, start;            /* the chunk this thread's walk has reached, and its first block */
+} row_deal;
+
+static row_deal deal_rows(int64_t rows, int64_t cols, int n, int nth) {
+    int64_t least = (1 << 14) / (cols * n * 16);
+    row_deal d = {rows, (rows + 15) / 16, least > 1 ? least : 1, nth, 0, 0};
+    return d;
+}
+
+static int64_t deal_chunk_blocks(const row_deal *d) {
+    int64_t left = d->blocks - d->start, size = (left + 2 * d->nth - 1) / (2 * d->nth);
+    return size > d->least ? size : d->least;
+}
+
+/* Rows [lo, hi) of chunk k; 0 when the rows ran out. A thread's takes only grow, so its walk goes
+ * on from where its last take left it. */
+static int deal_chunk(row_deal *d, int64_t k, int64_t *lo, int64_t *hi) {
+    for (; d->k < k && d->start < d->blocks; d->k++) d->start += deal_chunk_blocks(d);
+    if (d->start >= d->blocks) return 0;
+    int64_t end = d->start + deal_chunk_blocks(d);
+    *lo = d->start * 16;
+    *hi = end * 16 < d->rows ? end * 16 : d->rows;
+    return 1;
 }
 
 /* The activations in the weights' vec_dot types; whether the rows are then dealt on demand
@@ -254,9 +276,8 @@ void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int
         group_rows(outs, n_outs, begin, end, xv, xrow, n);
         return;
     }
-    const int64_t step = chunk_rows(total, outs[0].w->cols, n, nth);
-    for (int64_t c = pl_pool_take_chunk(pool) * step; c < total; c = pl_pool_take_chunk(pool) * step)
-        group_rows(outs, n_outs, c, c + step < total ? c + step : total, xv, xrow, n);
+    row_deal deal = deal_rows(total, outs[0].w->cols, n, nth);
+    while (deal_chunk(&deal, pl_pool_take_chunk(pool), &begin, &end)) group_rows(outs, n_outs, begin, end, xv, xrow, n);
 }
 
 /* The MLP's activation on columns [begin, end) of every token's gate (and up) row. */
@@ -295,11 +316,11 @@ void pl_matmul_glu(const pl_tensor *w_gate, const pl_tensor *w_up, const float *
         const void *xv[2];
         int64_t xrow[2];
         if (start_rows(outs, n_outs, x, n, sc, pool, ith, nth, xv, xrow)) {
-            const int64_t step = chunk_rows(w_up->rows, w_up->cols, n, nth);
-            for (int64_t c = pl_pool_take_chunk(pool) * step; c < w_up->rows; c = pl_pool_take_chunk(pool) * step) {
-                int64_t hi = c + step < w_up->rows ? c + step : w_up->rows;
-                for (int i = 0; i < n_outs; i++) dot_rows(&outs[i], c, hi, xv[i], xrow[i], n);
-                activate(w_gate != NULL, activation, gate, up, ld, n, c, hi);
+            row_deal deal = deal_rows(w_up->rows, w_up->cols, n_outs * n, nth);
+            int64_t lo, hi;
+            while (deal_chunk(&deal, pl_pool_take_chunk(pool), &lo, &hi)) {
+                for (int i = 0; i < n_outs; i++) dot_rows(&outs[i], lo, hi, xv[i], xrow[i], n);
+                activate(w_gate != NULL, activation, gate, up, ld, n, lo, hi);
             }
             return;
         }
