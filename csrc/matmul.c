@@ -3,7 +3,8 @@
  * Quantized weights multiply activations quantized per row (the weight type's vec_dot_type) at
  * every batch size, through the packed kernels where the type has one (packed.h) and the dot
  * kernels otherwise: a row's result never depends on how many rows came with it. The rows of
- * every output of a group (q, k, v) are split over the threads as one range. Float weights prefill
+ * every output of a group (q, k, v) are dealt to the threads as one range, chunk by chunk as each
+ * finishes the last (row_deal), whatever the weights' type. Float weights prefill
  * through SciPy's sgemm (tiles widened to f32) from PL_BLAS_MIN_TOKENS tokens on.
  */
 #include "kernels.h"
@@ -83,12 +84,11 @@ static void row_range(int64_t rows, int ith, int nth, int64_t *begin, int64_t *e
     if (*begin > rows) *begin = rows;
 }
 
-/* Converts x into each out's vec_dot_type (once per distinct type); returns whether any was, in
- * which case the caller must meet the other threads at a barrier before reading xv. */
-static int prepare_activations(const pl_matmul_out *outs, int n_outs, const float *x, int n,
+/* Converts x into each out's vec_dot_type (once per distinct type), each thread the rows t % nth;
+ * the caller meets the other threads at a barrier before reading xv. */
+static void prepare_activations(const pl_matmul_out *outs, int n_outs, const float *x, int n,
                                const pl_matmul_scratch *sc, int ith, int nth, const void **xv,
                                int64_t *xrow) {
-    int converted = 0;
     for (int i = 0; i < n_outs; i++) {
         const pl_tensor *w = outs[i].w;
         int vt = pl_traits(w->type)->vec_dot_type;
@@ -109,9 +109,7 @@ static int prepare_activations(const pl_matmul_out *outs, int n_outs, const floa
         for (int tok = ith; tok < n; tok += nth)
             vtt->from_f32(x + (int64_t)tok * w->cols, dst + tok * xrow[i], w->cols);
         xv[i] = dst;
-        converted = 1;
     }
-    return converted;
 }
 
 /* Rows [lo, hi) of a packed matrix. The kernel starts at a group of PL_PACK_ROWS rows: a range that
@@ -238,16 +236,18 @@ static int deal_chunk(row_deal *d, int64_t k, int64_t *lo, int64_t *hi) {
     return 1;
 }
 
-/* The activations in the weights' vec_dot types; whether the rows are then dealt on demand
- * (pl_pool_take_chunk) rather than cut by row_range: when a conversion needs a barrier anyway,
- * thread 0 resets the pool's counter before it (the barrier after the previous matmul ended that
- * one's takes). */
+/* The activations in the weights' vec_dot types; then, with several threads, thread 0 resets the
+ * pool's chunk counter (the barrier after the previous matmul ended that one's takes) and a barrier
+ * both publishes it and ends the conversion. Returns whether the rows are dealt on demand
+ * (pl_pool_take_chunk) rather than cut by row_range: always with several threads, float weights
+ * too, so that a stalled thread holds the others back by a chunk, not by its half. */
 static int start_rows(const pl_matmul_out *outs, int n_outs, const float *x, int n, const pl_matmul_scratch *sc,
                       pl_pool *pool, int ith, int nth, const void **xv, int64_t *xrow) {
-    if (!prepare_activations(outs, n_outs, x, n, sc, ith, nth, xv, xrow)) return 0;
-    if (nth > 1 && ith == 0) pl_pool_reset_chunks(pool);
+    prepare_activations(outs, n_outs, x, n, sc, ith, nth, xv, xrow);
+    if (nth == 1) return 0;
+    if (ith == 0) pl_pool_reset_chunks(pool);
     pl_barrier(pool);
-    return nth > 1;
+    return 1;
 }
 
 void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
