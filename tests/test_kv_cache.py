@@ -19,7 +19,6 @@ stored, attention over the rows widened exactly. SmolLM2 Q4_1 max |Δlogit| agai
 1.8 / 1.3 (within the 8-bit activations' tolerance above); widened to f32 weights, 0.46."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -149,25 +148,31 @@ def test_load_takes_kv_dtype_and_generates(smollm2_gguf):
             "Once upon a time, there was a little", max_tokens=8, temperature=0).text
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2", "qwen3"])
-def test_a_batched_step_over_f16_caches_is_each_sequence_s_own_step(family_checkpoint, family):
-    llm = pyllm.load(family_checkpoint(family), threads=2, kv_dtype="f16")
-    rng = np.random.default_rng(1)
+def _assert_batched_steps_are_each_sequence_s_own(llm, kv_dtype, steps, seed):
+    """Three sequences stepped together through one forward_batch give each its solo logits, bit
+    for bit, over caches of kv_dtype."""
+    rng = np.random.default_rng(seed)
     prompts = [list(rng.integers(3, llm.vocab_size, n)) for n in (1, 23, 9)]
-    feeds = [list(rng.integers(3, llm.vocab_size, 10)) for _ in prompts]
+    feeds = [list(rng.integers(3, llm.vocab_size, steps)) for _ in prompts]
     solo = []
     for prompt, feed in zip(prompts, feeds):
         seq = _core.CoreSequence(llm._core, 64)
         seq.forward(prompt)
         solo.append(np.stack([seq.forward([t]) for t in feed]))
     seqs = [_core.CoreSequence(llm._core, 64) for _ in prompts]
-    assert all(s.kv_dtype == "f16" for s in seqs)
+    assert all(s.kv_dtype == kv_dtype for s in seqs)
     for seq, prompt in zip(seqs, prompts):
         seq.forward(prompt)
     work = _core.CoreSequence(llm._core, 64, n_batch=len(prompts))
-    batched = np.stack([work.forward_batch(seqs, [f[step] for f in feeds]) for step in range(10)], axis=1)
+    batched = np.stack([work.forward_batch(seqs, [f[step] for f in feeds]) for step in range(steps)], axis=1)
     for a, b in zip(solo, batched):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "qwen3"])
+def test_a_batched_step_over_f16_caches_is_each_sequence_s_own_step(family_checkpoint, family):
+    llm = pyllm.load(family_checkpoint(family), threads=2, kv_dtype="f16")
+    _assert_batched_steps_are_each_sequence_s_own(llm, "f16", steps=10, seed=1)
 
 
 def test_the_f16_cache_is_half_the_bytes(family_checkpoint):
@@ -255,21 +260,7 @@ def test_smollm2_widened_q8_0_cache_logits_are_within_tolerance_of_f32(smollm2_g
 
 def test_smollm2_batched_steps_over_q8_0_caches_are_each_sequence_s_own(smollm2_gguf):
     llm = pyllm.load(smollm2_gguf, threads=2, n_ctx=64, kv_dtype="q8_0")
-    rng = np.random.default_rng(2)
-    prompts = [list(rng.integers(3, llm.vocab_size, n)) for n in (1, 23, 9)]
-    feeds = [list(rng.integers(3, llm.vocab_size, 6)) for _ in prompts]
-    solo = []
-    for prompt, feed in zip(prompts, feeds):
-        seq = _core.CoreSequence(llm._core, 64)
-        seq.forward(prompt)
-        solo.append(np.stack([seq.forward([t]) for t in feed]))
-    seqs = [_core.CoreSequence(llm._core, 64) for _ in prompts]
-    for seq, prompt in zip(seqs, prompts):
-        seq.forward(prompt)
-    work = _core.CoreSequence(llm._core, 64, n_batch=len(prompts))
-    batched = np.stack([work.forward_batch(seqs, [f[step] for f in feeds]) for step in range(6)], axis=1)
-    for a, b in zip(solo, batched):
-        np.testing.assert_array_equal(a, b)
+    _assert_batched_steps_are_each_sequence_s_own(llm, "q8_0", steps=6, seed=2)
 
 
 def test_smollm2_chats_and_generates_with_a_q8_0_cache_as_with_f32(smollm2_gguf):
