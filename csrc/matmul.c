@@ -236,18 +236,15 @@ static int deal_chunk(row_deal *d, int64_t k, int64_t *lo, int64_t *hi) {
     return 1;
 }
 
-/* The activations in the weights' vec_dot types; then, with several threads, thread 0 resets the
- * pool's chunk counter (the barrier after the previous matmul ended that one's takes) and a barrier
- * both publishes it and ends the conversion. Returns whether the rows are dealt on demand
- * (pl_pool_take_chunk) rather than cut by row_range: always with several threads, float weights
- * too, so that a stalled thread holds the others back by a chunk, not by its half. */
-static int start_rows(const pl_matmul_out *outs, int n_outs, const float *x, int n, const pl_matmul_scratch *sc,
-                      pl_pool *pool, int ith, int nth, const void **xv, int64_t *xrow) {
+/* The activations in the weights' vec_dot types; then thread 0 resets the pool's chunk counter (the
+ * barrier after the previous matmul ended that one's takes) and a barrier both publishes it and ends
+ * the conversion. The rows are then dealt on demand (pl_pool_take_chunk), whatever the weights' type,
+ * so that a stalled thread holds the others back by a chunk, not by its share. */
+static void start_rows(const pl_matmul_out *outs, int n_outs, const float *x, int n, const pl_matmul_scratch *sc,
+                       pl_pool *pool, int ith, int nth, const void **xv, int64_t *xrow) {
     prepare_activations(outs, n_outs, x, n, sc, ith, nth, xv, xrow);
-    if (nth == 1) return 0;
     if (ith == 0) pl_pool_reset_chunks(pool);
     pl_barrier(pool);
-    return 1;
 }
 
 void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
@@ -265,17 +262,11 @@ void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int
     }
     const void *xv[PL_MATMUL_MAX_OUTS];
     int64_t xrow[PL_MATMUL_MAX_OUTS];
-    int dealt = start_rows(outs, n_outs, x, n, sc, pool, ith, nth, xv, xrow);
+    start_rows(outs, n_outs, x, n, sc, pool, ith, nth, xv, xrow);
 
     /* The group's rows as one range: q, k and v together balance better than each alone. */
-    int64_t total = 0;
+    int64_t total = 0, begin, end;
     for (int i = 0; i < n_outs; i++) total += outs[i].w->rows;
-    int64_t begin, end;
-    if (!dealt) {
-        row_range(total, ith, nth, &begin, &end);
-        group_rows(outs, n_outs, begin, end, xv, xrow, n);
-        return;
-    }
     row_deal deal = deal_rows(total, outs[0].w->cols, n, nth);
     while (deal_chunk(&deal, pl_pool_take_chunk(pool), &begin, &end)) group_rows(outs, n_outs, begin, end, xv, xrow, n);
 }
@@ -302,8 +293,6 @@ void pl_matmul_glu(const pl_tensor *w_gate, const pl_tensor *w_up, const float *
     /* Without a gate the up product is written where the activation runs: gate. */
     pl_matmul_out outs[2] = {{w_up, w_gate ? up : gate, ld, b_up}, {w_gate, gate, ld, NULL}};
     int n_outs = w_gate ? 2 : 1;
-    int64_t begin, end;
-    row_range(w_up->rows, ith, nth, &begin, &end);
     if (sc->sgemm && batch >= PL_BLAS_MIN_TOKENS) {
         for (int i = 0; i < n_outs; i++) {
             if (sc->per_thread_blas)
@@ -312,19 +301,17 @@ void pl_matmul_glu(const pl_tensor *w_gate, const pl_tensor *w_up, const float *
                 matmul_blas_shared(&outs[i], x, n, sc, pool, ith, nth);
         }
         if (!sc->per_thread_blas) pl_barrier(pool);
-    } else {
-        const void *xv[2];
-        int64_t xrow[2];
-        if (start_rows(outs, n_outs, x, n, sc, pool, ith, nth, xv, xrow)) {
-            row_deal deal = deal_rows(w_up->rows, w_up->cols, n_outs * n, nth);
-            int64_t lo, hi;
-            while (deal_chunk(&deal, pl_pool_take_chunk(pool), &lo, &hi)) {
-                for (int i = 0; i < n_outs; i++) dot_rows(&outs[i], lo, hi, xv[i], xrow[i], n);
-                activate(w_gate != NULL, activation, gate, up, ld, n, lo, hi);
-            }
-            return;
-        }
-        for (int i = 0; i < n_outs; i++) dot_rows(&outs[i], begin, end, xv[i], xrow[i], n);
+        int64_t begin, end;
+        row_range(w_up->rows, ith, nth, &begin, &end);
+        activate(w_gate != NULL, activation, gate, up, ld, n, begin, end);
+        return;
     }
-    activate(w_gate != NULL, activation, gate, up, ld, n, begin, end);
+    const void *xv[2];
+    int64_t xrow[2], lo, hi;
+    start_rows(outs, n_outs, x, n, sc, pool, ith, nth, xv, xrow);
+    row_deal deal = deal_rows(w_up->rows, w_up->cols, n_outs * n, nth);
+    while (deal_chunk(&deal, pl_pool_take_chunk(pool), &lo, &hi)) {
+        for (int i = 0; i < n_outs; i++) dot_rows(&outs[i], lo, hi, xv[i], xrow[i], n);
+        activate(w_gate != NULL, activation, gate, up, ld, n, lo, hi);
+    }
 }

@@ -112,3 +112,17 @@ def test_the_real_gemma3_file_prefills_what_it_decodes(gemma3_gguf):
     ids = llm.tokenize("The history of the city begins with a small settlement by the river. " * 8)[:150]
     whole = _feed(llm, ids, [])
     np.testing.assert_array_equal(_one_at_a_time(llm, ids), whole)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_float_weights_give_the_same_bits_on_any_thread_count(family_checkpoint, threads):
+    """Float matrices' rows are dealt in chunks too (README): decode steps and a short prompt (under
+    sgemm's 16 tokens) give one thread's bits on any thread count."""
+    folder = family_checkpoint("llama")
+    one, many = pyllm.load(folder, threads=1), pyllm.load(folder, threads=threads)
+    assert many._core.n_threads == threads
+    ids = list(np.random.default_rng(7).integers(3, one.vocab_size, 12))
+    mine, theirs = (_core.CoreSequence(m._core, 64) for m in (one, many))
+    np.testing.assert_array_equal(theirs.forward(ids[:9]), mine.forward(ids[:9]))
+    for token in ids[9:]:
+        np.testing.assert_array_equal(theirs.forward([token]), mine.forward([token]))
