@@ -77,14 +77,8 @@ PL_TARGET_AVX2 static inline void store_rows(float *y, __m256 v, int64_t count) 
  * core of machine C where a plain read gets 15-17. Walking the next tile's bytes in step with this
  * one's, one block's worth per block, keeps them a tile ahead: 14-18 GB/s on one core, 26 on two
  * (the plain read's 26.6 in the same minute; 15.9 before). */
-#if defined(__GNUC__) || defined(__clang__)
-/* GCC 12 compiled _mm_prefetch in this file to nothing (seen in the disassembly) */
-#define PREFETCH(p) __builtin_prefetch((p), 0, 3)
-#else
-#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
-#endif
 PL_TARGET_AVX2 static inline void prefetch_next(const char *pf, int64_t pf_bytes, int64_t b) {
-    for (int64_t c = 0; c < pf_bytes; c += 64) PREFETCH(pf + b * pf_bytes + c);
+    for (int64_t c = 0; c < pf_bytes; c += 64) PL_PREFETCH(pf + b * pf_bytes + c);
 }
 
 /* ================================================================ q4_1 × q8_1 */
