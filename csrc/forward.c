@@ -169,9 +169,9 @@ static void layer(const forward_args *a, const pl_layer *L, int l, float *const 
     const int64_t qd = (int64_t)m->n_heads * m->head_dim, kvd = s->kv_dim;
     if (!tr) tr = untraced;
 
+    /* the matmuls read a normed row only once the thread that normed it has met the others */
     norm_rows(a, &L->attn_norm, s->xn, s->x, 0, ith, nth);
     trace_rows(a, tr[PL_TRACE_ATTN_NORM], s->xn, dim, ith, nth);
-    pl_barrier(pool);
 
     pl_matmul_out qkv[3] = {{&L->wq, s->q, qd, L->bq}, {&L->wk, s->kstage, kvd, L->bk},
                             {&L->wv, s->vstage, kvd, L->bv}};
@@ -207,7 +207,6 @@ static void layer(const forward_args *a, const pl_layer *L, int l, float *const 
     residual_add(a, &L->post_attn_norm, s->tmp, tr[PL_TRACE_ATTN_OUT], tr[PL_TRACE_RESID_ATTN], ith, nth);
     norm_rows(a, &L->ffn_norm, s->xn, s->x, 0, ith, nth);
     trace_rows(a, tr[PL_TRACE_FFN_NORM], s->xn, dim, ith, nth);
-    pl_barrier(pool);
 
     pl_matmul_glu(L->w_gate.data ? &L->w_gate : NULL, &L->w_up, L->b_up, s->xn, n, a->batch, m->activation,
                   s->gate, s->up, m->ffn_dim, &s->mm, pool, ith, nth);

@@ -161,7 +161,10 @@ typedef struct {
 #define PL_FEW_ROWS 4
 
 /* Computes every out of a group that shares its input x (n, w->cols): q/k/v, or gate/up. Called by
- * every pool thread; the caller places a barrier before the outputs are read. batch is the number
+ * every pool thread. x may still be in the making on entry, as long as row t is written by thread
+ * t % nth (embed, norm_rows and residual_add's rows): a thread reads only its own rows of x before it
+ * meets the others at a barrier, so no barrier is needed between those steps and the matmul. The
+ * caller places a barrier before the outputs are read. batch is the number
  * of tokens of the forward pass: it picks the path (sgemm from PL_BLAS_MIN_TOKENS on), so every
  * row of a prefill — the last one's logits included — is computed the same way. */
 void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,

@@ -246,9 +246,9 @@ static int deal_chunk(row_deal *d, int64_t k, int64_t *lo, int64_t *hi) {
     return 1;
 }
 
-/* The activations in the weights' vec_dot types; then thread 0 resets the pool's chunk counter (the
- * barrier after the previous matmul ended that one's takes) and a barrier both publishes it and ends
- * the conversion. The rows are then dealt on demand (pl_pool_take_chunk), whatever the weights' type,
+/* The activations in the weights' vec_dot types (each thread its own rows of x); then thread 0
+ * resets the pool's chunk counter (the barrier after the previous matmul ended that one's takes) and
+ * a barrier publishes it, ends the conversion and completes x for the kernels that read it as is. The rows are then dealt on demand (pl_pool_take_chunk), whatever the weights' type,
  * so that a stalled thread holds the others back by a chunk, not by its share. */
 static void start_rows(const pl_matmul_out *outs, int n_outs, const float *x, int n, const pl_matmul_scratch *sc,
                        pl_pool *pool, int ith, int nth, const void **xv, int64_t *xrow) {
@@ -260,6 +260,7 @@ static void start_rows(const pl_matmul_out *outs, int n_outs, const float *x, in
 void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
                const pl_matmul_scratch *sc, pl_pool *pool, int ith, int nth) {
     if (sc->sgemm && batch >= PL_BLAS_MIN_TOKENS) {
+        pl_barrier(pool); /* sgemm reads every row of x */
         for (int i = 0; i < n_outs; i++) {
             if (n < PL_FEW_ROWS)
                 matmul_f32_few_rows(&outs[i], x, n, sc, ith, nth);
@@ -304,6 +305,7 @@ void pl_matmul_glu(const pl_tensor *w_gate, const pl_tensor *w_up, const float *
     pl_matmul_out outs[2] = {{w_up, w_gate ? up : gate, ld, b_up}, {w_gate, gate, ld, NULL}};
     int n_outs = w_gate ? 2 : 1;
     if (sc->sgemm && batch >= PL_BLAS_MIN_TOKENS) {
+        pl_barrier(pool); /* sgemm reads every row of x */
         for (int i = 0; i < n_outs; i++) {
             if (sc->per_thread_blas)
                 matmul_blas_per_thread(&outs[i], x, n, sc, ith, nth); /* rows cut by row_range */
