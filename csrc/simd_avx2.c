@@ -113,21 +113,63 @@ PL_TARGET_AVX2 static inline __m256 hsum256x8(const __m256 *v) {
     return _mm256_hadd_ps(t0145, t2367);
 }
 
+/* DOT_BODY's lanes for two queries against one key: each key chunk loaded (an f16 one widened)
+ * once for both, every accumulator's operations those of DOT_BODY (a·b = b·a, fma alike). */
+#define DOT_LANES_PAIR(NAME, KT, LOAD_K)                                                                  \
+    PL_TARGET_AVX2 static inline void NAME(const KT *k, const float *q0, const float *q1, int64_t n,     \
+                                           __m256 *out0, __m256 *out1) {                                 \
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps();            \
+        __m256 a3 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();            \
+        __m256 b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();                                       \
+        int64_t i = 0;                                                                                   \
+        for (; i + 32 <= n; i += 32) {                                                                   \
+            __m256 k0 = LOAD_K(k + i), k1 = LOAD_K(k + i + 8), k2 = LOAD_K(k + i + 16), k3 = LOAD_K(k + i + 24); \
+            a0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q0 + i), a0);                                      \
+            a1 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q0 + i + 8), a1);                                  \
+            a2 = _mm256_fmadd_ps(k2, _mm256_loadu_ps(q0 + i + 16), a2);                                 \
+            a3 = _mm256_fmadd_ps(k3, _mm256_loadu_ps(q0 + i + 24), a3);                                 \
+            b0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q1 + i), b0);                                      \
+            b1 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q1 + i + 8), b1);                                  \
+            b2 = _mm256_fmadd_ps(k2, _mm256_loadu_ps(q1 + i + 16), b2);                                 \
+            b3 = _mm256_fmadd_ps(k3, _mm256_loadu_ps(q1 + i + 24), b3);                                 \
+        }                                                                                                \
+        for (; i + 8 <= n; i += 8) {                                                                     \
+            __m256 k0 = LOAD_K(k + i);                                                                   \
+            a0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q0 + i), a0);                                      \
+            b0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q1 + i), b0);                                      \
+        }                                                                                                \
+        *out0 = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));                             \
+        *out1 = _mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3));                             \
+    }
+DOT_LANES_PAIR(dot_f32_lanes_pair, float, _mm256_loadu_ps)
+DOT_LANES_PAIR(dot_f16_lanes_pair, uint16_t, load_f16)
+
 /* Eight keys at a time, each query's eight reductions transposed together (the reductions, not
- * the loads, dominate 64-element dots); the keys past the last eight one at a time. */
-#define DOT_QK_AVX2(NAME, KT, LANES, TAIL, SINGLE)                                                        \
+ * the loads, dominate 64-element dots), the queries two by two so that each key chunk is loaded
+ * and widened once per pair (halving the f16 conversions, which bound the f16 kernel); the keys
+ * past the last eight one at a time. */
+#define DOT_QK_AVX2(NAME, KT, LANES, PAIR, TAIL, SINGLE)                                                  \
     PL_TARGET_AVX2 static void NAME(const float *const *qs, int nq, const KT *k, int64_t ldk, int nk,    \
                                     int64_t n, float *out, int64_t ldo) {                                \
         int j = 0;                                                                                       \
-        for (; j + 8 <= nk; j += 8)                                                                      \
-            for (int i = 0; i < nq; i++) {                                                               \
+        for (; j + 8 <= nk; j += 8) {                                                                    \
+            int i = 0;                                                                                   \
+            for (; i + 2 <= nq; i += 2) {                                                                \
+                __m256 v[8], w[8];                                                                       \
+                for (int u = 0; u < 8; u++) PAIR(k + (j + u) * ldk, qs[i], qs[i + 1], n, &v[u], &w[u]);  \
+                _mm256_storeu_ps(out + i * ldo + j, hsum256x8(v));                                       \
+                _mm256_storeu_ps(out + (i + 1) * ldo + j, hsum256x8(w));                                 \
+            }                                                                                            \
+            if (i < nq) {                                                                                \
                 __m256 v[8];                                                                             \
                 for (int u = 0; u < 8; u++) v[u] = LANES(k + (j + u) * ldk, qs[i], n);                   \
-                float *o = out + i * ldo + j;                                                            \
-                _mm256_storeu_ps(o, hsum256x8(v));                                                       \
-                if (n & 7)                                                                               \
-                    for (int u = 0; u < 8; u++) o[u] = TAIL(o[u], k + (j + u) * ldk, qs[i], n);         \
+                _mm256_storeu_ps(out + i * ldo + j, hsum256x8(v));                                       \
             }                                                                                            \
+            if (n & 7)                                                                                   \
+                for (i = 0; i < nq; i++)                                                                 \
+                    for (int u = 0; u < 8; u++)                                                          \
+                        out[i * ldo + j + u] = TAIL(out[i * ldo + j + u], k + (j + u) * ldk, qs[i], n);  \
+        }                                                                                                \
         for (; j < nk; j++)                                                                              \
             for (int i = 0; i < nq; i++) out[i * ldo + j] = SINGLE(qs[i], k + j * ldk, n);               \
     }
@@ -139,8 +181,8 @@ PL_TARGET_AVX2 static inline __m256 dot_f32_lanes_kq(const float *k, const float
 PL_TARGET_AVX2 static inline float dot_f32_tail_kq(float s, const float *k, const float *q, int64_t n) {
     return dot_f32_tail(s, q, k, n);
 }
-DOT_QK_AVX2(dot_f32_qk_avx2, float, dot_f32_lanes_kq, dot_f32_tail_kq, dot_f32_avx2)
-DOT_QK_AVX2(dot_f16_qk_avx2, uint16_t, dot_f16_lanes, dot_f16_tail, dot_f16_avx2)
+DOT_QK_AVX2(dot_f32_qk_avx2, float, dot_f32_lanes_kq, dot_f32_lanes_pair, dot_f32_tail_kq, dot_f32_avx2)
+DOT_QK_AVX2(dot_f16_qk_avx2, uint16_t, dot_f16_lanes, dot_f16_lanes_pair, dot_f16_tail, dot_f16_avx2)
 
 /* y += w[j]·x[j] for rows j = 0 .. nr - 1 in order, each element by the fused multiply-add (or, past
  * the last multiple of 8, the scalar expression) that axpy gives it, with a 32-wide slab of y held
@@ -176,8 +218,53 @@ DOT_QK_AVX2(dot_f16_qk_avx2, uint16_t, dot_f16_lanes, dot_f16_tail, dot_f16_avx2
 AXPY_ROWS_AVX2(axpy_rows_f32, float, _mm256_loadu_ps, AS_F32)
 AXPY_ROWS_AVX2(axpy_rows_f16, uint16_t, load_f16, pl_f16_to_f32)
 
-/* Rows in chunks of PL_QK_ROWS, every query's part of a chunk before the next (the chunk stays in L1). */
-#define AXPY_QK_AVX2(NAME, XT, ROWS)                                                                   \
+/* AXPY_ROWS for two queries over the same rows: y0 += w0[j]·x[j] and y1 += w1[j]·x[j], each x chunk
+ * loaded (an f16 one widened) once for both, every element's operations those of AXPY_ROWS. */
+#define AXPY_ROWS_PAIR_AVX2(NAME, XT, LOADX, WIDEN)                                                     \
+    PL_TARGET_AVX2 static inline void NAME(float *y0, float *y1, const float *w0, const float *w1,     \
+                                           const XT *x, int64_t ldx, int nr, int64_t n) {              \
+        int64_t c = 0;                                                                                 \
+        for (; c + 32 <= n; c += 32) {                                                                 \
+            __m256 a0 = _mm256_loadu_ps(y0 + c), a1 = _mm256_loadu_ps(y0 + c + 8);                     \
+            __m256 a2 = _mm256_loadu_ps(y0 + c + 16), a3 = _mm256_loadu_ps(y0 + c + 24);               \
+            __m256 b0 = _mm256_loadu_ps(y1 + c), b1 = _mm256_loadu_ps(y1 + c + 8);                     \
+            __m256 b2 = _mm256_loadu_ps(y1 + c + 16), b3 = _mm256_loadu_ps(y1 + c + 24);               \
+            for (int j = 0; j < nr; j++) {                                                             \
+                const XT *xr = x + j * ldx + c;                                                        \
+                __m256 x0 = LOADX(xr), x1 = LOADX(xr + 8), x2 = LOADX(xr + 16), x3 = LOADX(xr + 24);   \
+                __m256 va = _mm256_set1_ps(w0[j]), vb = _mm256_set1_ps(w1[j]);                         \
+                a0 = _mm256_fmadd_ps(va, x0, a0), a1 = _mm256_fmadd_ps(va, x1, a1);                    \
+                a2 = _mm256_fmadd_ps(va, x2, a2), a3 = _mm256_fmadd_ps(va, x3, a3);                    \
+                b0 = _mm256_fmadd_ps(vb, x0, b0), b1 = _mm256_fmadd_ps(vb, x1, b1);                    \
+                b2 = _mm256_fmadd_ps(vb, x2, b2), b3 = _mm256_fmadd_ps(vb, x3, b3);                    \
+            }                                                                                          \
+            _mm256_storeu_ps(y0 + c, a0), _mm256_storeu_ps(y0 + c + 8, a1);                            \
+            _mm256_storeu_ps(y0 + c + 16, a2), _mm256_storeu_ps(y0 + c + 24, a3);                      \
+            _mm256_storeu_ps(y1 + c, b0), _mm256_storeu_ps(y1 + c + 8, b1);                            \
+            _mm256_storeu_ps(y1 + c + 16, b2), _mm256_storeu_ps(y1 + c + 24, b3);                      \
+        }                                                                                              \
+        for (; c + 8 <= n; c += 8) {                                                                   \
+            __m256 a0 = _mm256_loadu_ps(y0 + c), b0 = _mm256_loadu_ps(y1 + c);                         \
+            for (int j = 0; j < nr; j++) {                                                             \
+                __m256 x0 = LOADX(x + j * ldx + c);                                                    \
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(w0[j]), x0, a0);                                   \
+                b0 = _mm256_fmadd_ps(_mm256_set1_ps(w1[j]), x0, b0);                                   \
+            }                                                                                          \
+            _mm256_storeu_ps(y0 + c, a0), _mm256_storeu_ps(y1 + c, b0);                                \
+        }                                                                                              \
+        for (; c < n; c++)                                                                             \
+            for (int j = 0; j < nr; j++) {                                                             \
+                y0[c] += w0[j] * WIDEN(x[j * ldx + c]);                                                \
+                y1[c] += w1[j] * WIDEN(x[j * ldx + c]);                                                \
+            }                                                                                          \
+    }
+AXPY_ROWS_PAIR_AVX2(axpy_rows_pair_f32, float, _mm256_loadu_ps, AS_F32)
+AXPY_ROWS_PAIR_AVX2(axpy_rows_pair_f16, uint16_t, load_f16, pl_f16_to_f32)
+
+/* Rows in chunks of PL_QK_ROWS, every query's part of a chunk before the next (the chunk stays in
+ * L1); two queries with the same rows of the chunk (a decode step's heads, a token's heads) go
+ * through the pair kernel. */
+#define AXPY_QK_AVX2(NAME, XT, ROWS, PAIR)                                                             \
     PL_TARGET_AVX2 static void NAME(float *const *ys, int nq, const float *ws, int64_t ldw, const int *first, \
                                     const int *end, const XT *x, int64_t ldx, int64_t n) {              \
         int last = 0;                                                                                  \
@@ -186,12 +273,20 @@ AXPY_ROWS_AVX2(axpy_rows_f16, uint16_t, load_f16, pl_f16_to_f32)
             for (int i = 0; i < nq; i++) {                                                             \
                 int lo = first[i] > r0 ? first[i] : r0;                                                \
                 int hi = end[i] < r0 + PL_QK_ROWS ? end[i] : r0 + PL_QK_ROWS;                          \
-                if (lo < hi) ROWS(ys[i], ws + i * ldw + lo, x + lo * ldx, ldx, hi - lo, n);            \
+                if (lo >= hi) continue;                                                                \
+                if (i + 1 < nq && lo == (first[i + 1] > r0 ? first[i + 1] : r0) &&                     \
+                    hi == (end[i + 1] < r0 + PL_QK_ROWS ? end[i + 1] : r0 + PL_QK_ROWS)) {             \
+                    PAIR(ys[i], ys[i + 1], ws + i * ldw + lo, ws + (i + 1) * ldw + lo, x + lo * ldx, ldx, \
+                         hi - lo, n);                                                                  \
+                    i++;                                                                               \
+                } else {                                                                               \
+                    ROWS(ys[i], ws + i * ldw + lo, x + lo * ldx, ldx, hi - lo, n);                     \
+                }                                                                                      \
             }                                                                                          \
     }
 
-AXPY_QK_AVX2(axpy_f32_qk_avx2, float, axpy_rows_f32)
-AXPY_QK_AVX2(axpy_f16_qk_avx2, uint16_t, axpy_rows_f16)
+AXPY_QK_AVX2(axpy_f32_qk_avx2, float, axpy_rows_f32, axpy_rows_pair_f32)
+AXPY_QK_AVX2(axpy_f16_qk_avx2, uint16_t, axpy_rows_f16, axpy_rows_pair_f16)
 
 PL_TARGET_AVX2 static void bf16_to_f32_avx2(const void *src, float *dst, int64_t n) {
     const uint16_t *s = src;
