@@ -92,29 +92,30 @@ static void widen_rows(const pl_kv_view *kv, int which, int g, int64_t j, int nr
     for (int r = 0; r < nr; r++) t->to_f32(src + r * stride, dst + (int64_t)r * hd, hd);
 }
 
-/* scores[i · span + j] = qs[i] · K[j0 + j] for j in [0, span), keys of KV head g. A q8_0 cache's
+/* scores[i · ld + j] = qs[i] · K[j0 + j] for j in [0, count), keys of KV head g. A q8_0 cache's
  * keys are widened a block of rows at a time on the stack, each block used by every query. */
-static void key_dots(const pl_kv_view *kv, int g, int j0, int span, int hd, const float *const *qs, int nq,
-                     float *scores) {
+static void key_dots(const pl_kv_view *kv, int g, int j0, int count, int hd, const float *const *qs, int nq,
+                     float *scores, int64_t ld) {
     if (kv->type == PL_TYPE_Q8_0) {
         float wide[PL_ATTN_WIDE_FLOATS];
         const int rows = PL_ATTN_WIDE_FLOATS / hd;
-        for (int c = 0; c < span; c += rows) {
-            int nr = span - c < rows ? span - c : rows;
+        for (int c = 0; c < count; c += rows) {
+            int nr = count - c < rows ? count - c : rows;
             widen_rows(kv, 0, g, j0 + c, nr, hd, wide);
-            pl_vec.dot_f32_qk(qs, nq, wide, hd, nr, hd, scores + c, span);
+            pl_vec.dot_f32_qk(qs, nq, wide, hd, nr, hd, scores + c, ld);
         }
     } else if (kv->type == PL_TYPE_F16) {
-        pl_vec.dot_f16_qk(qs, nq, (const uint16_t *)kv_row(kv, 0, g, j0), kv->ld, span, hd, scores, span);
+        pl_vec.dot_f16_qk(qs, nq, (const uint16_t *)kv_row(kv, 0, g, j0), kv->ld, count, hd, scores, ld);
     } else {
-        pl_vec.dot_f32_qk(qs, nq, (const float *)kv_row(kv, 0, g, j0), kv->ld, span, hd, scores, span);
+        pl_vec.dot_f32_qk(qs, nq, (const float *)kv_row(kv, 0, g, j0), kv->ld, count, hd, scores, ld);
     }
 }
 
-/* ys[i] += Σ ws[i · span + j] · V[j0 + j] over j in [first[i], end[i]) in order, values of KV head
- * g; a q8_0 cache's rows widened a block at a time, as key_dots. */
-static void value_sums(const pl_kv_view *kv, int g, int j0, int span, int hd, float *const *ys, int nq,
-                       const float *ws, const int *first, const int *end) {
+/* ys[i][0, width) += Σ ws[i · span + j] · V[j0 + j][d0, d0 + width) over j in [first[i], end[i]) in
+ * order, values of KV head g; a q8_0 cache's rows widened a block at a time, as key_dots. Every
+ * element's sum is the same whatever columns come with it. */
+static void value_sums(const pl_kv_view *kv, int g, int j0, int span, int hd, int d0, int width, float *const *ys,
+                       int nq, const float *ws, const int *first, const int *end) {
     if (kv->type == PL_TYPE_Q8_0) {
         float wide[PL_ATTN_WIDE_FLOATS];
         const int rows = PL_ATTN_WIDE_FLOATS / hd;
@@ -128,12 +129,12 @@ static void value_sums(const pl_kv_view *kv, int g, int j0, int span, int hd, fl
             }
             if (lo >= hi) continue;
             widen_rows(kv, 1, g, j0 + c + lo, hi - lo, hd, wide + (int64_t)lo * hd);
-            pl_vec.axpy_f32_qk(ys, nq, ws + c, span, f, e, wide, hd, hd);
+            pl_vec.axpy_f32_qk(ys, nq, ws + c, span, f, e, wide + d0, hd, width);
         }
     } else if (kv->type == PL_TYPE_F16) {
-        pl_vec.axpy_f16_qk(ys, nq, ws, span, first, end, (const uint16_t *)kv_row(kv, 1, g, j0), kv->ld, hd);
+        pl_vec.axpy_f16_qk(ys, nq, ws, span, first, end, (const uint16_t *)kv_row(kv, 1, g, j0) + d0, kv->ld, width);
     } else {
-        pl_vec.axpy_f32_qk(ys, nq, ws, span, first, end, (const float *)kv_row(kv, 1, g, j0), kv->ld, hd);
+        pl_vec.axpy_f32_qk(ys, nq, ws, span, first, end, (const float *)kv_row(kv, 1, g, j0) + d0, kv->ld, width);
     }
 }
 
@@ -156,7 +157,7 @@ static void attend_item(const pl_model *m, const attn_item *it, const float *q, 
         first[i] = window_lo(pos0 + t, window) - j0, end[i] = pos0 + t - j0 + 1;
     }
     /* every query's dots with every key of the block; each uses its own [first, end) */
-    key_dots(kv, g, j0, span, hd, qs, nq, scores);
+    key_dots(kv, g, j0, span, hd, qs, nq, scores, span);
     for (int i = 0; i < nq; i++) {
         float *row = scores + (int64_t)i * span + first[i];
         int len = end[i] - first[i];
@@ -166,7 +167,7 @@ static void attend_item(const pl_model *m, const attn_item *it, const float *q, 
         if (probs) copy_probs(probs, it->h0 + i % it->nh, it->t0 + i / it->nh, j0 + first[i], row, len);
         for (int e = 0; e < hd; e++) ys[i][e] = 0.0f;
     }
-    value_sums(kv, g, j0, span, hd, ys, nq, scores, first, end);
+    value_sums(kv, g, j0, span, hd, 0, hd, ys, nq, scores, first, end);
 }
 
 /* Items are cut by split_batch and dealt in order as contiguous runs of about equal cost: each
@@ -188,6 +189,73 @@ void pl_attention(const pl_model *m, const float *q, const pl_kv_view *kv, int p
         before += cost;
         if (owner == ith || (owner >= nth && ith == nth - 1))
             attend_item(m, &it, q, kv, pos0, window, out, scores, probs);
+    }
+}
+
+/* Thread ith's share [lo, hi) of total units, cut at multiples of align. */
+static void share(int64_t total, int64_t align, int ith, int nth, int64_t *lo, int64_t *hi) {
+    int64_t units = (total + align - 1) / align;
+    *lo = units * ith / nth * align;
+    *hi = units * (ith + 1) / nth * align;
+    if (*lo > total) *lo = total;
+    if (*hi > total) *hi = total;
+}
+
+void pl_attention_decode(const pl_model *m, const float *q, const pl_kv_view *kv, int pos, int window, float *out,
+                         float *scores, const pl_probs_out *probs, pl_pool *pool, int ith, int nth) {
+    const int hd = m->head_dim, group = m->n_heads / m->n_kv_heads;
+    const int j0 = window_lo(pos, window), span = pos - j0 + 1; /* keys [j0, pos] */
+    const float *qs[ATTN_MAX_Q];
+    float *ys[ATTN_MAX_Q];
+    int first[ATTN_MAX_Q] = {0}, end[ATTN_MAX_Q];
+    for (int i = 0; i < ATTN_MAX_Q; i++) end[i] = span;
+
+    /* 1. Scores: the keys of every KV head as one range (each head's padded to whole blocks of 8,
+     * the kernels' unit), each thread a run of it against all of the head's queries. */
+    const int64_t padded = (span + 7) / 8 * 8;
+    int64_t lo, hi;
+    share(m->n_kv_heads * padded, 8, ith, nth, &lo, &hi);
+    for (int64_t f = lo; f < hi;) {
+        int g = (int)(f / padded), j = (int)(f % padded);
+        int64_t stop = (g + 1) * padded < hi ? (g + 1) * padded : hi;
+        int count = (int)(stop - g * padded < span ? stop - g * padded : span) - j;
+        for (int h0 = g * group; h0 < (g + 1) * group && count > 0; h0 += ATTN_MAX_Q) {
+            int nq = (g + 1) * group - h0 < ATTN_MAX_Q ? (g + 1) * group - h0 : ATTN_MAX_Q;
+            for (int i = 0; i < nq; i++) qs[i] = q + (int64_t)(h0 + i) * hd;
+            key_dots(kv, g, j0 + j, count, hd, qs, nq, scores + (int64_t)h0 * span + j, span);
+        }
+        f = stop;
+    }
+    pl_barrier(pool);
+
+    /* 2. Each query's softmax, the heads dealt to the threads. */
+    share(m->n_heads, 1, ith, nth, &lo, &hi);
+    for (int64_t h = lo; h < hi; h++) {
+        float *row = scores + h * span;
+        for (int j = 0; j < span; j++) row[j] = m->attn_scale * row[j];
+        if (m->attn_softcap > 0) pl_softcap(row, span, m->attn_softcap);
+        pl_softmax(row, span);
+        if (probs) copy_probs(probs, (int)h, 0, j0, row, span);
+    }
+    pl_barrier(pool);
+
+    /* 3. The weighted sums: every KV head's columns as one range of 8-column chunks, each thread a
+     * run of it over all the head's keys and queries. */
+    const int chunks = (hd + 7) / 8;
+    share((int64_t)m->n_kv_heads * chunks, 1, ith, nth, &lo, &hi);
+    for (int64_t c = lo; c < hi;) {
+        int g = (int)(c / chunks), c0 = (int)(c % chunks);
+        int64_t stop = (g + 1) * (int64_t)chunks < hi ? (g + 1) * (int64_t)chunks : hi;
+        int d0 = c0 * 8, d1 = (int)(stop - (int64_t)g * chunks) * 8 < hd ? (int)(stop - (int64_t)g * chunks) * 8 : hd;
+        for (int h0 = g * group; h0 < (g + 1) * group; h0 += ATTN_MAX_Q) {
+            int nq = (g + 1) * group - h0 < ATTN_MAX_Q ? (g + 1) * group - h0 : ATTN_MAX_Q;
+            for (int i = 0; i < nq; i++) {
+                ys[i] = out + (int64_t)(h0 + i) * hd + d0;
+                for (int e = 0; e < d1 - d0; e++) ys[i][e] = 0.0f;
+            }
+            value_sums(kv, g, j0, span, hd, d0, d1 - d0, ys, nq, scores + (int64_t)h0 * span, first, end);
+        }
+        c = stop;
     }
 }
 

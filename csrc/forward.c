@@ -195,6 +195,8 @@ static void layer(const forward_args *a, const pl_layer *L, int l, float *const 
         pl_attention_blas(m, s->q, &kv, pos0, n, L->sliding_window, s->att, s->scores + ith * scores_per_thread(m, s),
                           s->kv_wide ? s->kv_wide + (int64_t)ith * 2 * s->n_ctx * m->head_dim : NULL, s->mm.sgemm,
                           probs, ith, nth);
+    else if (n == 1 && nth > 1)
+        pl_attention_decode(m, s->q, &kv, pos0, L->sliding_window, s->att, s->scores, probs, pool, ith, nth);
     else
         pl_attention(m, s->q, &kv, pos0, n, L->sliding_window, s->att, s->scores + ith * scores_per_thread(m, s),
                      scores_per_thread(m, s), probs, ith, nth);

@@ -122,6 +122,17 @@ typedef struct {
  * n, pos0, n_scores and the thread count: a position's numbers do not depend on the batch. */
 void pl_attention(const pl_model *m, const float *q, const pl_kv_view *kv, int pos0, int n, int window, float *out,
                   float *scores, int64_t n_scores, const pl_probs_out *probs, int ith, int nth);
+/* pl_attention of one query token at position pos (a decode step) on all nth threads together,
+ * the same bits: each thread reads its own part of the cache, whatever the number of KV heads.
+ * The scores of every key of a KV head go into one range dealt to the threads, each run against
+ * all of the head's queries; a barrier; each query's softmax; a barrier; then the weighted sums,
+ * the columns of the values dealt (every element's sum runs over the keys in order whichever
+ * columns come with it). pl_attention deals whole (KV head, queries) items instead: with SmolLM2's
+ * 3 KV heads of 3 queries one thread got 5 queries' work and the other 4, and a KV head read by
+ * both. scores: n_heads × (pos + 1) floats shared by the threads. Called by every pool thread;
+ * the caller places a barrier before out is read. */
+void pl_attention_decode(const pl_model *m, const float *q, const pl_kv_view *kv, int pos, int window, float *out,
+                         float *scores, const pl_probs_out *probs, pl_pool *pool, int ith, int nth);
 /* Floats of scores per thread that pl_attention uses in full (and, with sgemm, pl_attention_blas). */
 int64_t pl_attention_scores_floats(const pl_model *m, int n_ctx, int sgemm);
 /* The one-query-at-a-time reference of pl_attention (scores: pos0 + n floats). */
@@ -207,7 +218,8 @@ struct pl_state {
     float *up;             /* (n_batch, ffn_dim) */
     float *kstage;         /* (n_batch, kv_dim) keys as computed, before they go to their heads' rows in the cache */
     float *vstage;         /* (n_batch, kv_dim) and values */
-    float *scores;         /* (n_threads, pl_attention_scores_floats(m, n_ctx, sgemm)) */
+    float *scores;         /* (n_threads, pl_attention_scores_floats(m, n_ctx, sgemm)), and at least
+                              n_heads × n_ctx: pl_attention_decode's */
     float *kv_wide;        /* (n_threads, 2, n_ctx, head_dim) an f16 or q8_0 cache's rows widened for sgemm, or NULL */
     pl_matmul_scratch mm;  /* xq: (PL_MATMUL_MAX_OUTS, xq_region); wtile: (tile_floats) */
 };

@@ -112,7 +112,9 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
      * layer's input amplifies any difference). Float weights keep sgemm from PL_BLAS_MIN_TOKENS. */
     s->mm.sgemm = pl_model_quantized(m) ? NULL : m->sgemm;
     s->mm.per_thread_blas = m->blas.set_threads && m->blas.get_threads;
-    s->scores = pl_alloc_aligned((size_t)n_threads * pl_attention_scores_floats(m, n_ctx, s->mm.sgemm != NULL) * f);
+    int64_t scores = (int64_t)n_threads * pl_attention_scores_floats(m, n_ctx, s->mm.sgemm != NULL);
+    if (scores < (int64_t)m->n_heads * n_ctx) scores = (int64_t)m->n_heads * n_ctx; /* pl_attention_decode */
+    s->scores = pl_alloc_aligned((size_t)scores * f);
     if (s->mm.sgemm && kv_type != PL_TYPE_F32) {
         s->kv_wide = pl_alloc_aligned((size_t)n_threads * 2 * n_ctx * m->head_dim * f);
         if (!s->kv_wide) goto fail;

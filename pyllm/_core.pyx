@@ -977,6 +977,8 @@ cdef extern from "kernels.h" nogil:
     int64_t pl_attention_scores_floats(const pl_model *m, int n_ctx, int sgemm)
     void pl_attention_per_query(const pl_model *m, const float *q, const pl_kv_view *kv, int pos0, int n,
                                 int window, float *out, float *scores, const pl_probs_out *probs, int ith, int nth)
+    void pl_attention_decode(const pl_model *m, const float *q, const pl_kv_view *kv, int pos, int window,
+                             float *out, float *scores, const pl_probs_out *probs, pl_pool *pool, int ith, int nth)
     void pl_attention_blas(const pl_model *m, const float *q, const pl_kv_view *kv, int pos0, int n, int window,
                            float *out, float *scores, float *kv_wide, pl_sgemm_fn sgemm, const pl_probs_out *probs,
                            int ith, int nth)
@@ -1055,7 +1057,8 @@ cdef struct _attention_job:
     float *out
     float *scores
     int64_t scores_per_thread
-    int path  # 0: pl_attention, 1: pl_attention_blas, 2: pl_attention_per_query
+    int path  # 0: pl_attention, 1: pl_attention_blas, 2: pl_attention_per_query, 3: pl_attention_decode
+    pl_pool *pool
     pl_sgemm_fn sgemm
     float *kv_wide
     int64_t kv_wide_per_thread
@@ -1071,16 +1074,19 @@ cdef void _attention_task(void *arg, int ith, int nth) noexcept nogil:
                           ith, nth)
     elif j.path == 2:
         pl_attention_per_query(j.m, j.q, &j.kv, j.pos0, j.n, j.window, j.out, scores, j.probs, ith, nth)
+    elif j.path == 3:  # the threads share one scratch
+        pl_attention_decode(j.m, j.q, &j.kv, j.pos0, j.window, j.out, j.scores, j.probs, j.pool, ith, nth)
     else:
         pl_attention(j.m, j.q, &j.kv, j.pos0, j.n, j.window, j.out, scores, j.scores_per_thread, j.probs, ith, nth)
 
 
 def attention(const float[:, ::1] q, k, v, int n_heads, int n_kv_heads, float scale, int pos0=0, int window=0,
               float softcap=0.0, bint blas=False, int threads=1, bint with_probs=False, bint per_query=False,
-              scores_per_thread=None, bint head_major=False, bint q8_0=False):
+              scores_per_thread=None, bint head_major=False, bint q8_0=False, bint decode=False):
     """The engine's causal attention of q (n, n_heads·hd) at positions pos0.. over the cache k, v
     (pos0 + n, n_kv_heads·hd), float32 or float16 (an f16 cache): the vec path, the sgemm path with
-    blas=True, or the one-query-at-a-time reference with per_query=True.
+    blas=True, the one-query-at-a-time reference with per_query=True, or a decode step's path
+    (pl_attention_decode: n == 1, the threads sharing each KV head) with decode=True.
     head_major: k and v are laid out as a model state keeps them, (n_kv_heads, pos0 + n, hd).
     q8_0: float32 k and v go into a q8_0 cache first, each head's row quantized as a state stores
     it (head_dim a multiple of 32).
@@ -1099,7 +1105,7 @@ def attention(const float[:, ::1] q, k, v, int n_heads, int n_kv_heads, float sc
         raise ValueError("k and v must hold pos0 + n rows of n_kv_heads · head_dim")
     if q8_0:  # whole blocks per head row, so quantizing the lot is quantizing each row
         k, v = from_f32(KV_DTYPES["q8_0"], k.ravel()), from_f32(KV_DTYPES["q8_0"], v.ravel())
-    if n == 0 or window < 0 or softcap < 0:
+    if n == 0 or window < 0 or softcap < 0 or (decode and (n != 1 or blas or per_query)):
         raise ValueError("bad arguments")
     cdef pl_model m
     m.n_heads, m.n_kv_heads, m.head_dim = n_heads, n_kv_heads, hd
@@ -1113,7 +1119,7 @@ def attention(const float[:, ::1] q, k, v, int n_heads, int n_kv_heads, float sc
         per = scores_per_thread
         if per < (PL_ATTN_QBLOCK if blas else 1) * (pos0 + n):
             raise ValueError("scores_per_thread too small")
-    scores = np.zeros(per * threads, dtype=np.float32)
+    scores = np.zeros(max(per * threads, n_heads * (pos0 + n)), dtype=np.float32)
     cdef float[::1] sv = scores
     cdef _attention_job job
     job.m, job.q = &m, &q[0, 0]
@@ -1123,7 +1129,7 @@ def attention(const float[:, ::1] q, k, v, int n_heads, int n_kv_heads, float sc
     job.kv.head_stride = (pos0 + n) * hd if head_major else hd
     job.pos0, job.n, job.window, job.out = pos0, n, window, &o[0, 0]
     job.scores, job.scores_per_thread = &sv[0], per
-    job.path = 1 if blas else 2 if per_query else 0
+    job.path = 1 if blas else 2 if per_query else 3 if decode else 0
     job.sgemm = scipy_sgemm() if blas else NULL
     # the sgemm path widens an f16 or q8_0 cache's rows of a head first
     wide = np.zeros(threads * 2 * (pos0 + n) * hd if blas and job.kv.type != 0 else 1, dtype=np.float32)
@@ -1136,6 +1142,7 @@ def attention(const float[:, ::1] q, k, v, int n_heads, int n_kv_heads, float sc
     cdef pl_pool *pool = pl_pool_create(threads)
     if pool == NULL:
         raise MemoryError("could not start threads")
+    job.pool = pool
     with nogil:
         pl_pool_run(pool, _attention_task, &job)
     pl_pool_free(pool)

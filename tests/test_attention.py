@@ -76,6 +76,27 @@ def test_a_position_gets_the_same_bits_in_a_prefill_of_any_length_and_in_a_decod
     np.testing.assert_allclose(whole, want, rtol=1e-4, atol=1e-5)
 
 
+# group 20 is more queries than a multi-query kernel call takes (16); head_dim 20 leaves a tail (and
+# no q8_0 cache: its head rows are whole blocks of 32)
+DECODE_SHAPES = [(9, 3, 64), (4, 1, 32), (8, 2, 96), (4, 4, 32), (20, 1, 32), (6, 2, 20)]
+
+
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (40, 0.0), (0, 5.0)])
+@pytest.mark.parametrize("n_heads,n_kv,hd,cache", [(*shape, cache) for shape in DECODE_SHAPES
+                                                   for cache in ("f32", "f16", "q8_0") if cache != "q8_0" or shape[2] % 32 == 0])
+def test_a_decode_step_shared_by_the_threads_is_bit_identical_to_one_query_at_a_time(isa, rng, n_heads, n_kv,
+                                                                                   hd, cache, window, softcap):
+    for pos in (0, 5, 130, 301):  # keys short of a block of 8, and many blocks cut between threads
+        q, k, v = inputs(rng, n_heads, n_kv, hd, pos, 1, np.float16 if cache == "f16" else np.float32)
+        k, v = by_head(k, n_kv), by_head(v, n_kv)
+        kw = dict(pos0=pos, window=window, softcap=softcap, head_major=True, q8_0=cache == "q8_0", with_probs=True)
+        want, want_probs = _core.attention(q, k, v, n_heads, n_kv, 0.3, per_query=True, **kw)
+        for threads in (1, 2, 3, 5):
+            got, probs = _core.attention(q, k, v, n_heads, n_kv, 0.3, threads=threads, decode=True, **kw)
+            assert np.array_equal(bits(got), bits(want)), (pos, threads)
+            assert np.array_equal(bits(probs), bits(want_probs)), (pos, threads)
+
+
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("n", [1, 7, 8, 16, 20, 36, 64, 72, 128])
 def test_multi_query_kernels_are_bit_identical_to_the_single_ones(isa, rng, n, kv_dtype):
