@@ -141,8 +141,8 @@ static void packed_rows(const pl_matmul_out *o, int64_t lo, int64_t hi, const vo
  * ahead, so that a range of short rows streams at a plain read's speed. */
 enum { ROW_PREFETCH_BYTES = 4096 };
 static inline void prefetch_ahead(const char *from, const char *end, int64_t len) {
-    for (const char *p = from + ROW_PREFETCH_BYTES; p < from + ROW_PREFETCH_BYTES + len && p < end; p += 64)
-        PL_PREFETCH(p);
+    const int64_t left = end - from; /* offsets, not pointers: none is formed past the range */
+    for (int64_t o = ROW_PREFETCH_BYTES; o < ROW_PREFETCH_BYTES + len && o < left; o += 64) PL_PREFETCH(from + o);
 }
 
 /* Rows [lo, hi) of o for n activation rows. A packed matrix goes through its GEMM, whose every
