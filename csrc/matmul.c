@@ -248,8 +248,9 @@ static int deal_chunk(row_deal *d, int64_t k, int64_t *lo, int64_t *hi) {
 
 /* The activations in the weights' vec_dot types (each thread its own rows of x); then thread 0
  * resets the pool's chunk counter (the barrier after the previous matmul ended that one's takes) and
- * a barrier publishes it, ends the conversion and completes x for the kernels that read it as is. The rows are then dealt on demand (pl_pool_take_chunk), whatever the weights' type,
- * so that a stalled thread holds the others back by a chunk, not by its share. */
+ * a barrier publishes it, ends the conversion and completes x for the kernels that read it as is.
+ * The rows are then dealt on demand (pl_pool_take_chunk), whatever the weights' type, so that a
+ * stalled thread holds the others back by a chunk, not by its share. */
 static void start_rows(const pl_matmul_out *outs, int n_outs, const float *x, int n, const pl_matmul_scratch *sc,
                        pl_pool *pool, int ith, int nth, const void **xv, int64_t *xrow) {
     prepare_activations(outs, n_outs, x, n, sc, ith, nth, xv, xrow);
