@@ -192,15 +192,6 @@ void pl_attention(const pl_model *m, const float *q, const pl_kv_view *kv, int p
     }
 }
 
-/* Thread ith's share [lo, hi) of total units, cut at multiples of align. */
-static void share(int64_t total, int64_t align, int ith, int nth, int64_t *lo, int64_t *hi) {
-    int64_t units = (total + align - 1) / align;
-    *lo = units * ith / nth * align;
-    *hi = units * (ith + 1) / nth * align;
-    if (*lo > total) *lo = total;
-    if (*hi > total) *hi = total;
-}
-
 void pl_attention_decode(const pl_model *m, const float *q, const pl_kv_view *kv, int pos, int window, float *out,
                          float *scores, const pl_probs_out *probs, pl_pool *pool, int ith, int nth) {
     const int hd = m->head_dim, group = m->n_heads / m->n_kv_heads;
@@ -214,7 +205,7 @@ void pl_attention_decode(const pl_model *m, const float *q, const pl_kv_view *kv
      * the kernels' unit), each thread a run of it against all of the head's queries. */
     const int64_t padded = (span + 7) / 8 * 8;
     int64_t lo, hi;
-    share(m->n_kv_heads * padded, 8, ith, nth, &lo, &hi);
+    pl_share(m->n_kv_heads * padded, 8, ith, nth, &lo, &hi);
     for (int64_t f = lo; f < hi;) {
         int g = (int)(f / padded), j = (int)(f % padded);
         int64_t stop = (g + 1) * padded < hi ? (g + 1) * padded : hi;
@@ -229,7 +220,7 @@ void pl_attention_decode(const pl_model *m, const float *q, const pl_kv_view *kv
     pl_barrier(pool);
 
     /* 2. Each query's softmax, the heads dealt to the threads. */
-    share(m->n_heads, 1, ith, nth, &lo, &hi);
+    pl_share(m->n_heads, 1, ith, nth, &lo, &hi);
     for (int64_t h = lo; h < hi; h++) {
         float *row = scores + h * span;
         for (int j = 0; j < span; j++) row[j] = m->attn_scale * row[j];
@@ -242,7 +233,7 @@ void pl_attention_decode(const pl_model *m, const float *q, const pl_kv_view *kv
     /* 3. The weighted sums: every KV head's columns as one range of 8-column chunks, each thread a
      * run of it over all the head's keys and queries. */
     const int chunks = (hd + 7) / 8;
-    share((int64_t)m->n_kv_heads * chunks, 1, ith, nth, &lo, &hi);
+    pl_share((int64_t)m->n_kv_heads * chunks, 1, ith, nth, &lo, &hi);
     for (int64_t c = lo; c < hi;) {
         int g = (int)(c / chunks), c0 = (int)(c % chunks);
         int64_t stop = (g + 1) * (int64_t)chunks < hi ? (g + 1) * (int64_t)chunks : hi;

@@ -77,11 +77,7 @@ static void matmul_blas_shared(const pl_matmul_out *o, const float *x, int n,
 /* Rows [begin, end) of a matrix for thread ith: blocks of 16 rows, so threads never share a cache
  * line of y, and the same cut for every matrix of the same height. */
 static void row_range(int64_t rows, int ith, int nth, int64_t *begin, int64_t *end) {
-    int64_t blocks = (rows + 15) / 16;
-    *begin = blocks * ith / nth * 16;
-    *end = blocks * (ith + 1) / nth * 16;
-    if (*end > rows) *end = rows;
-    if (*begin > rows) *begin = rows;
+    pl_share(rows, 16, ith, nth, begin, end);
 }
 
 /* Converts x into each out's vec_dot_type (once per distinct type), each thread the rows t % nth;

@@ -13,10 +13,18 @@ from .arch.spec import as_float
 from .errors import UnsupportedModelError
 
 
+def float32_theta(theta: float) -> np.float32:
+    """theta as the float32 the frequencies are computed in; a base past float32's range is an error,
+    not an infinity that would turn every frequency but the first into 0."""
+    if not float(theta) <= float(np.finfo(np.float32).max):
+        raise ValueError(f"rope_theta {theta!r} is beyond float32's range")
+    return np.float32(theta)
+
+
 def default_inv_freq(head_dim: int, theta: float) -> np.ndarray:
     """1 / theta^(2i / head_dim) for i < head_dim / 2, in float32."""
     exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    return (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+    return (1.0 / (float32_theta(theta) ** exponents)).astype(np.float32)
 
 
 def llama3_inv_freq(inv_freq: np.ndarray, scaling: dict) -> np.ndarray:

@@ -53,6 +53,7 @@ def with_config(checkpoint: str, folder, **changes) -> str:
     ("rope_parameters", {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
                          "low_freq_factor": 4.0, "high_freq_factor": 4.0}, "high_freq_factor"),
     ("rope_parameters", {"rope_type": "default", "rope_theta": -1.0}, "rope_theta"),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1e39}, "rope_theta"),  # past float32's range
 ])
 def test_bad_hyper_parameter_raises_format_error_naming_it(checkpoint, tmp_path, setting, value, named):
     folder = with_config(checkpoint, tmp_path / "m", **{setting: value})
