@@ -28,6 +28,9 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # time the pyllm of this checkout, not an installed one
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_bandwidth beside this file
+
+from bench_bandwidth import decode_bytes, read_bandwidth  # noqa: E402
 
 DEFAULT_MODEL = os.path.expanduser("~/.cache/pyllm/smollm2-135m-instruct-bf16")
 ENGINES = ("pyllm", "transformers-f32", "transformers-bf16", "llama.cpp")
@@ -37,6 +40,7 @@ DECODE_PROMPT = 128  # decode starts after a prompt of this many tokens (--decod
 N_CTX = 2048  # every engine gets the same context size, so cache allocation is comparable (more
              # when a prompt or decode position needs it)
 CHECK_TOKENS = 16  # greedy tokens compared across engines to show each one ran the same model
+READ_BUFFER_BYTES = 1 << 28  # the plain read before each round: 8x a 32 MiB last-level cache
 RESULT_MARK = "BENCH_RESULT "  # the child's one stdout line the parent reads
 
 
@@ -420,7 +424,38 @@ def columns(args) -> list[tuple[str, str]]:
     return cols + [(f"decode{p}", "decode" if default else f"decode at {p}") for p in args.decode_at]
 
 
-def render(args, runs, combined, warnings) -> str:
+def per_round_lines(args, runs, results, pairs, ceiling) -> list[str]:
+    """Each pair's ratios round by round (a round runs the engines one after another, so its ratio
+    compares the same minutes of a machine whose speed drifts), and every engine's decode against
+    the plain read measured before that round: decode reads each weight once a token, so no engine
+    can decode faster than read bandwidth / bytes of weights."""
+    keys = [key for key, _ in columns(args)]
+    out = []
+    for mine, theirs, _, _ in pairs:
+        per_key = []
+        for key, title in columns(args):
+            got = [ratio(a[key], b[key]) for a, b in zip(results[mine], results[theirs])
+                   if "error" not in a and "error" not in b]
+            per_key.append(f"{title} {' / '.join(got)}")
+        out.append(f"- {mine} ÷ {theirs} per round: " + "; ".join(per_key))
+    if ceiling:
+        gbs, weights = ceiling["gbs"], ceiling["bytes"]
+        out.append(f"- plain read before each round ({args.threads} threads, "
+                   f"{READ_BUFFER_BYTES >> 20} MiB, best of 3): " + " / ".join(f"{g:.1f}" for g in gbs) + " GB/s")
+        for run in runs:
+            source_bytes = weights.get(run["row"])
+            decodes = [k for k in keys if k.startswith("decode")]
+            if not source_bytes or not decodes:
+                continue
+            shares = [f"{r[decodes[0]] * source_bytes / (g * 1e9):.0%}"
+                      for r, g in zip(results[run["row"]], gbs) if "error" not in r]
+            out.append(f"- {run['row']}: {source_bytes / 1e6:.1f} MB of weights a token (the layer matrices "
+                       f"and the head); {columns(args)[keys.index(decodes[0])][1]} per round at "
+                       + " / ".join(shares) + " of that round's read ceiling (the KV cache not counted)")
+    return [""] + out if out else []
+
+
+def render(args, runs, combined, warnings, results=None, ceiling=None) -> str:
     import pyllm
 
     m = machine()
@@ -480,6 +515,8 @@ def render(args, runs, combined, warnings) -> str:
                          + "".join(f"{ratio(a[key], b[key])} | " for key, _ in columns(args))
                          + f"{ratio(a['rss_mb'], b['rss_mb'])} |")
 
+    lines += per_round_lines(args, runs, results, pairs, ceiling)
+
     # Same greedy continuation = same model run on the same ids (bf16 and 4-bit rows may drift).
     checks = []
     for run in runs:
@@ -508,6 +545,26 @@ def n_ctx(args) -> int:
     """N_CTX, or room for the longest prompt and its decode (a multiple of 256)."""
     need = max(max(args.prefill_lengths), max(args.decode_at) + args.decode_tokens + 2)
     return max(N_CTX, (need + 255) // 256 * 256)
+
+
+def read_ceiling_setup(runs) -> dict | None:
+    """A buffer for the plain read, and the decode bytes a token of each row that reads the file as
+    stored (pyllm without a dtype conversion, llama.cpp); None where pyllm cannot load the model
+    (the table then goes without the ceiling lines)."""
+    import numpy as np
+
+    weights, by_source = {}, {}
+    for run in runs:
+        if "skip" in run or run["engine"] not in ("pyllm", "llama.cpp") or run.get("dtype"):
+            continue
+        try:
+            if run["source"] not in by_source:
+                by_source[run["source"]] = decode_bytes(run["source"])
+        except Exception as e:  # a file pyllm cannot load: the engines still run
+            print(f"no read ceiling for {run['source']}: {e}", file=sys.stderr)
+            return None
+        weights[run["row"]] = by_source[run["source"]]
+    return {"buffer": np.ones(READ_BUFFER_BYTES // 8, dtype=np.uint64), "bytes": weights, "gbs": []}
 
 
 def main(argv=None) -> int:
@@ -563,8 +620,11 @@ def main(argv=None) -> int:
 
     runs = plan_runs(args)
     results = {run["row"]: [] for run in runs}
+    ceiling = read_ceiling_setup(runs)
     # Repeats are the outer loop, so a change in background load over the run touches every engine.
     for rep in range(args.repeats):
+        if ceiling:
+            ceiling["gbs"].append(read_bandwidth(ceiling["buffer"], args.threads, 3))
         for run in runs:
             if "skip" in run:
                 continue
@@ -583,7 +643,7 @@ def main(argv=None) -> int:
     keys = [key for key, _ in columns(args)]
     combined = {run["row"]: ({"error": run["skip"]} if "skip" in run else combine(results[run["row"]], args.stat, keys))
                 for run in runs}
-    table = render(args, runs, combined, warnings)
+    table = render(args, runs, combined, warnings, results, ceiling)
     print(table)
     if args.out:
         with open(args.out, "a", encoding="utf-8") as f:
