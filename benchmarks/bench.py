@@ -455,7 +455,7 @@ def per_round_lines(args, runs, results, pairs, ceiling) -> list[str]:
     return [""] + out if out else []
 
 
-def render(args, runs, combined, warnings, results=None, ceiling=None) -> str:
+def render(args, runs, combined, warnings, results, ceiling) -> str:
     import pyllm
 
     m = machine()

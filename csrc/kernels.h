@@ -37,8 +37,8 @@
 #define PL_PREFETCH(p) ((void)(p))
 #endif
 
-/* Thread ith's share [lo, hi) of total units, cut at multiples of align (the last share takes the
- * remainder): the static split of rows, heads and columns. */
+/* Thread ith's share [lo, hi) of total units, cut at multiples of align (the last one ending at
+ * total): the static split of rows, heads and columns. */
 static inline void pl_share(int64_t total, int64_t align, int ith, int nth, int64_t *lo, int64_t *hi) {
     int64_t units = (total + align - 1) / align;
     *lo = units * ith / nth * align;
