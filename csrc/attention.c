@@ -170,6 +170,13 @@ static void attend_item(const pl_model *m, const attn_item *it, const float *q, 
     value_sums(kv, g, j0, span, hd, 0, hd, ys, nq, scores, first, end);
 }
 
+/* Whether thread ith owns the item that follows items of cost before, out of total: the one whose
+ * share of total the middle of the item's cost falls in. */
+static int dealt_to(int64_t before, int64_t cost, int64_t total, int ith, int nth) {
+    int64_t owner = (2 * before + cost) * nth / (2 * total);
+    return owner == ith || (owner >= nth && ith == nth - 1);
+}
+
 /* Items are cut by split_batch and dealt in order as contiguous runs of about equal cost: each
  * thread an item's share by where the middle of its cost falls. */
 void pl_attention(const pl_model *m, const float *q, const pl_kv_view *kv, int pos0, int n, int window, float *out,
@@ -185,10 +192,44 @@ void pl_attention(const pl_model *m, const float *q, const pl_kv_view *kv, int p
     for (int i = 0; i < sp.n_items; i++) {
         attn_item it = item_at(&sp, n, group, i);
         int64_t cost = item_cost(&it, pos0, window);
-        int64_t owner = (2 * before + cost) * nth / (2 * total);
+        int mine = dealt_to(before, cost, total, ith, nth);
         before += cost;
-        if (owner == ith || (owner >= nth && ith == nth - 1))
+        if (mine)
             attend_item(m, &it, q, kv, pos0, window, out, scores, probs);
+    }
+}
+
+void pl_attention_rows(const pl_model *m, pl_attn_row_fn row_of, const void *ctx, int n, int window, float *scores,
+                       int64_t n_scores, int ith, int nth) {
+    const int group = m->n_heads / m->n_kv_heads;
+    pl_attn_row row;
+    int64_t longest = 1, total = 0; /* keys of the longest row; the cost of all (as item_cost counts it) */
+    for (int t = 0; t < n; t++) {
+        row_of(ctx, t, &row);
+        int64_t keys = row.pos - window_lo(row.pos, window) + 1;
+        longest = keys > longest ? keys : longest;
+        total += (keys + 16) * m->n_heads;
+    }
+    /* the widest items of one KV head's queries that the scratch holds for the longest row */
+    int64_t fit = n_scores / longest;
+    if (fit > ATTN_MAX_Q) fit = ATTN_MAX_Q;
+    int hq = group < fit ? group : fit > 1 ? (int)fit : 1;
+    while (hq > 1 && (int64_t)n * m->n_kv_heads * ((group + hq - 1) / hq) < 2 * nth) hq--; /* items to balance */
+    const int chunks = (group + hq - 1) / hq;
+    /* items in order (row, KV head, chunk of its queries); each thread the items whose cost's middle
+     * falls in its share, as pl_attention deals */
+    int64_t before = 0;
+    for (int t = 0; t < n; t++) {
+        row_of(ctx, t, &row);
+        for (int g = 0; g < m->n_kv_heads; g++)
+            for (int c = 0; c < chunks; c++) {
+                attn_item it = {0, 1, g * group + c * hq, group - c * hq < hq ? group - c * hq : hq};
+                int64_t cost = item_cost(&it, row.pos, window);
+                int mine = dealt_to(before, cost, total, ith, nth);
+                before += cost;
+                if (mine)
+                    attend_item(m, &it, row.q, &row.kv, row.pos, window, row.out, scores, NULL);
+            }
     }
 }
 

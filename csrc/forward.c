@@ -164,21 +164,22 @@ static int64_t scores_per_thread(const pl_model *m, const pl_state *s) {
     return pl_attention_scores_floats(m, s->n_ctx, s->mm.sgemm != NULL);
 }
 
-/* Attention of a batched step: each row over its own sequence's cache, one row at a time (the
- * heads of a row are dealt to the threads). Row t deals its items as if this were thread
- * (ith + t) % nth (its scratch stays this thread's): a row's few items rarely split evenly
- * (SmolLM2's 9 queries go 5:4 to two threads), and turning the deal row by row spreads the larger
- * shares over the threads. Which thread computes an item changes none of its bits. */
-static void attention_per_sequence(const forward_args *a, const pl_layer *L, int l, int ith, int nth) {
-    const pl_model *m = a->m;
-    pl_state *s = a->s;
-    const int64_t qd = (int64_t)m->n_heads * m->head_dim, per = scores_per_thread(m, s);
-    for (int t = 0; t < a->n; t++) {
-        const pl_state *seq = seq_of(a, t);
-        pl_kv_view kv = layer_cache(seq, m, l);
-        pl_attention(m, s->q + t * qd, &kv, seq->pos, 1, L->sliding_window, s->att + t * qd, s->scores + ith * per,
-                     per, NULL, (ith + t) % nth, nth);
-    }
+/* Row t of a batched step's attention in layer l: its query and output rows in a's work state, its
+ * own sequence's cache and position. */
+typedef struct {
+    const forward_args *a;
+    int l;
+} batch_layer;
+
+static void batch_row(const void *ctx, int t, pl_attn_row *row) {
+    const batch_layer *b = ctx;
+    const pl_model *m = b->a->m;
+    const int64_t qd = (int64_t)m->n_heads * m->head_dim;
+    const pl_state *seq = seq_of(b->a, t);
+    row->q = b->a->s->q + t * qd;
+    row->out = b->a->s->att + t * qd;
+    row->kv = layer_cache(seq, m, b->l);
+    row->pos = seq->pos;
 }
 
 /* tr: the layer's PL_TRACE_POINTS buffers, or NULL when it is not traced. */
@@ -212,9 +213,11 @@ static void layer(const forward_args *a, const pl_layer *L, int l, float *const 
                               a->trace ? a->trace->n_keys : 0};
     const pl_probs_out *probs = probs_out.data ? &probs_out : NULL;
     pl_kv_view kv = layer_cache(s, m, l);
-    if (a->seqs)
-        attention_per_sequence(a, L, l, ith, nth);
-    else if (s->mm.sgemm && s->mm.per_thread_blas && a->batch >= PL_BLAS_MIN_TOKENS)
+    if (a->seqs) {
+        batch_layer rows = {a, l};
+        pl_attention_rows(m, batch_row, &rows, n, L->sliding_window, s->scores + ith * scores_per_thread(m, s),
+                          scores_per_thread(m, s), ith, nth);
+    } else if (s->mm.sgemm && s->mm.per_thread_blas && a->batch >= PL_BLAS_MIN_TOKENS)
         pl_attention_blas(m, s->q, &kv, pos0, n, L->sliding_window, s->att, s->scores + ith * scores_per_thread(m, s),
                           s->kv_wide ? s->kv_wide + (int64_t)ith * 2 * s->n_ctx * m->head_dim : NULL, s->mm.sgemm,
                           probs, ith, nth);

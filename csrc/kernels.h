@@ -143,6 +143,24 @@ void pl_attention(const pl_model *m, const float *q, const pl_kv_view *kv, int p
  * the caller places a barrier before out is read. */
 void pl_attention_decode(const pl_model *m, const float *q, const pl_kv_view *kv, int pos, int window, float *out,
                          float *scores, const pl_probs_out *probs, pl_pool *pool, int ith, int nth);
+/* One row of a batched decode step: its query heads q and output out (n_heads · head_dim each), its
+ * own sequence's cache kv and the position pos it attends from. */
+typedef struct {
+    const float *q;
+    float *out;
+    pl_kv_view kv;
+    int pos;
+} pl_attn_row;
+/* Row t of a batched decode step, as the caller lays its sequences out. */
+typedef void (*pl_attn_row_fn)(const void *ctx, int t, pl_attn_row *row);
+/* pl_attention of n rows that each attend over their own cache: items of (row, KV head, the head's
+ * queries up to the scores' room) dealt to the threads in runs of about equal cost over the whole
+ * step, so that every row reads each KV head once (pl_attention of one row cuts SmolLM2's 3 queries
+ * a head into 2 + 1 to have items for two threads, and reads each head twice). The same bits as
+ * pl_attention of each row alone. scores: this thread's n_scores floats, at least
+ * pl_attention_scores_floats for the largest row's context. */
+void pl_attention_rows(const pl_model *m, pl_attn_row_fn row_of, const void *ctx, int n, int window, float *scores,
+                       int64_t n_scores, int ith, int nth);
 /* Floats of scores per thread that pl_attention uses in full (and, with sgemm, pl_attention_blas). */
 int64_t pl_attention_scores_floats(const pl_model *m, int n_ctx, int sgemm);
 /* The one-query-at-a-time reference of pl_attention (scores: pos0 + n floats). */

@@ -983,6 +983,14 @@ cdef extern from "kernels.h" nogil:
                            float *out, float *scores, float *kv_wide, pl_sgemm_fn sgemm, const pl_probs_out *probs,
                            int ith, int nth)
     enum: PL_ATTN_QBLOCK
+    ctypedef struct pl_attn_row:
+        const float *q
+        float *out
+        pl_kv_view kv
+        int pos
+    ctypedef void (*pl_attn_row_fn)(const void *ctx, int t, pl_attn_row *row) noexcept nogil
+    void pl_attention_rows(const pl_model *m, pl_attn_row_fn row_of, const void *ctx, int n, int window,
+                           float *scores, int64_t n_scores, int ith, int nth)
 
 
 def norm(const float[::1] x, const float[::1] w, b=None, str kind="rms", float eps=1e-6):
@@ -1147,6 +1155,77 @@ def attention(const float[:, ::1] q, k, v, int n_heads, int n_kv_heads, float sc
         pl_pool_run(pool, _attention_task, &job)
     pl_pool_free(pool)
     return (out, probs) if with_probs else out
+
+
+cdef struct _rows_job:
+    pl_model *m
+    pl_attn_row *rows
+    int n, window
+    float *scores
+    int64_t per
+
+
+cdef void _row_of(const void *ctx, int t, pl_attn_row *row) noexcept nogil:
+    row[0] = (<_rows_job *>ctx).rows[t]
+
+
+cdef void _rows_task(void *arg, int ith, int nth) noexcept nogil:
+    cdef _rows_job *j = <_rows_job *>arg
+    pl_attention_rows(j.m, _row_of, j, j.n, j.window, j.scores + ith * j.per, j.per, ith, nth)
+
+
+def attention_rows(rows, int n_heads, int n_kv_heads, float scale, int window=0, float softcap=0.0, int threads=1,
+                   scores_per_thread=None, bint q8_0=False):
+    """pl_attention_rows: the attention of a batched decode step whose rows each attend over their
+    own cache. rows: (q (n_heads·hd,) float32, k, v (n_kv_heads, pos + 1, hd) head-major, float32 or
+    float16, pos) each; q8_0: float32 k and v go into a q8_0 cache first. scores_per_thread: the
+    scratch in floats (at least the longest row's keys; by default what a model state gives it).
+    Returns (len(rows), n_heads·hd)."""
+    cdef int n = len(rows), t
+    if n < 1 or n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads or window < 0 or softcap < 0:
+        raise ValueError("bad arguments")
+    cdef pl_model m
+    m.n_heads, m.n_kv_heads = n_heads, n_kv_heads
+    m.attn_scale, m.attn_softcap = scale, softcap
+    keep = []
+    table = np.zeros(n * sizeof(pl_attn_row), dtype=np.uint8)
+    cdef pl_attn_row *r = <pl_attn_row *><uintptr_t>table.ctypes.data
+    out = np.zeros((n, 0), dtype=np.float32)
+    cdef int hd = 0, longest = 1
+    for t, (q, k, v, pos) in enumerate(rows):
+        q, k, v = np.ascontiguousarray(q, np.float32), np.ascontiguousarray(k), np.ascontiguousarray(v)
+        if t == 0:
+            hd = q.shape[0] // n_heads
+            out = np.zeros((n, n_heads * hd), dtype=np.float32)
+        if (q.shape != (n_heads * hd,) or k.shape != (n_kv_heads, pos + 1, hd) or v.shape != k.shape
+                or k.dtype != v.dtype or k.dtype not in (np.float32, np.float16)
+                or (q8_0 and (k.dtype != np.float32 or hd % 32))):
+            raise ValueError(f"row {t}: q, k or v has the wrong shape or type")
+        if q8_0:
+            k, v = from_f32(KV_DTYPES["q8_0"], k.ravel()), from_f32(KV_DTYPES["q8_0"], v.ravel())
+        keep += [q, k, v]
+        r[t].q = <const float *><uintptr_t>q.ctypes.data
+        r[t].out = <float *><uintptr_t>out[t].ctypes.data
+        r[t].kv.k, r[t].kv.v = <const void *><uintptr_t>k.ctypes.data, <const void *><uintptr_t>v.ctypes.data
+        r[t].kv.type = KV_DTYPES["q8_0" if q8_0 else "f16" if k.dtype == np.float16 else "f32"]
+        r[t].kv.ld, r[t].kv.head_stride = hd, (pos + 1) * hd
+        r[t].pos = pos
+        longest = max(longest, pos + 1)
+    m.head_dim = hd
+    cdef int64_t per = pl_attention_scores_floats(&m, longest, 0) if scores_per_thread is None else scores_per_thread
+    if per < longest:
+        raise ValueError("scores_per_thread too small")
+    scores = np.zeros(per * threads, dtype=np.float32)
+    cdef _rows_job job
+    job.m, job.rows, job.n, job.window = &m, r, n, window
+    job.scores, job.per = <float *><uintptr_t>scores.ctypes.data, per
+    cdef pl_pool *pool = pl_pool_create(threads)
+    if pool == NULL:
+        raise MemoryError("could not start threads")
+    with nogil:
+        pl_pool_run(pool, _rows_task, &job)
+    pl_pool_free(pool)
+    return out
 
 
 def dot_qk(const float[:, ::1] qs, k, bint single=False):

@@ -97,6 +97,32 @@ def test_a_decode_step_shared_by_the_threads_is_bit_identical_to_one_query_at_a_
             assert np.array_equal(bits(probs), bits(want_probs)), (pos, threads)
 
 
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (40, 0.0), (0, 5.0)])
+@pytest.mark.parametrize("n_heads,n_kv,hd,cache", [(*shape, cache) for shape in DECODE_SHAPES
+                                                   for cache in ("f32", "f16", "q8_0") if cache != "q8_0" or shape[2] % 32 == 0])
+def test_a_batched_step_over_many_caches_gives_each_row_its_own_bits(isa, rng, n_heads, n_kv, hd, cache, window,
+                                                                     softcap):
+    """pl_attention_rows (a batched decode step: each row over its own sequence's cache, the items
+    of all rows dealt together) against each row alone through the one-query reference."""
+    dtype = np.float16 if cache == "f16" else np.float32
+    rows, want = [], []
+    for pos in (0, 5, 130, 301, 7, 64):  # rows of very different lengths, some shorter than a block of 8
+        q, k, v = inputs(rng, n_heads, n_kv, hd, pos, 1, dtype)
+        k, v = by_head(k, n_kv), by_head(v, n_kv)
+        rows.append((q[0], k, v, pos))
+        want.append(_core.attention(q, k, v, n_heads, n_kv, 0.3, pos0=pos, window=window, softcap=softcap,
+                                    head_major=True, q8_0=cache == "q8_0", per_query=True)[0])
+    want = np.stack(want)
+    kw = dict(window=window, softcap=softcap, q8_0=cache == "q8_0")
+    for count in (1, 2, len(rows)):  # one row (its queries cut into items for the threads), a few, all
+        for threads in (1, 2, 3, 5):
+            got = _core.attention_rows(rows[:count], n_heads, n_kv, 0.3, threads=threads, **kw)
+            assert np.array_equal(bits(got), bits(want[:count])), (count, threads)
+    # a scratch that holds one query of the longest row: items of single queries, the same numbers
+    got = _core.attention_rows(rows, n_heads, n_kv, 0.3, threads=2, scores_per_thread=302, **kw)
+    assert np.array_equal(bits(got), bits(want))
+
+
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("n", [1, 7, 8, 16, 20, 36, 64, 72, 128])
 def test_multi_query_kernels_are_bit_identical_to_the_single_ones(isa, rng, n, kv_dtype):
