@@ -322,6 +322,7 @@ int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32
     if (m->pos_embd.data && s->pos + n > m->n_positions) return PL_ERR_CONTEXT;
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->vocab_size) return PL_ERR_TOKEN;
+    pl_state_rope_upto(s, m, s->pos + n);
     /* Batches longer than the buffers go through in chunks; only the last one's final token
      * matters unless every row's logits are wanted. */
     for (int done = 0; done < n;) {
@@ -352,6 +353,7 @@ int pl_forward_batch(const pl_model *m, pl_state *work, pl_state *const *seqs, i
         if (q->pos >= q->n_ctx || (m->pos_embd.data && q->pos >= m->n_positions)) return PL_ERR_CONTEXT;
         if (tokens[b] < 0 || tokens[b] >= m->vocab_size) return PL_ERR_TOKEN;
     }
+    for (int b = 0; b < n_seqs; b++) pl_state_rope_upto(seqs[b], m, seqs[b]->pos + 1);
     /* batch 1: every row takes the decode path, so each sequence's numbers are its solo step's */
     forward_args a = {m, work, pool, tokens, n_seqs, logits, 1, 1, NULL, 0, seqs};
     pl_pool_run(pool, forward_task, &a);

@@ -129,22 +129,28 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
         !s->att || !s->tmp || !s->gate || !s->up || !s->scores || !s->mm.xq || !s->kstage || !s->vstage)
         goto fail;
 
+    return s;
+fail:
+    pl_state_free(s);
+    return NULL;
+}
+
+void pl_state_rope_upto(pl_state *s, const pl_model *m, int end) {
+    const size_t half = (size_t)m->n_rot / 2, n_ropes = m->n_rot ? (size_t)m->n_ropes : 0;
+    if (end > s->n_ctx) end = s->n_ctx;
     /* Angles in float32, as transformers computes them (position × inv_freq, then cos/sin, then
-     * the attention scale of scaled variants). */
+     * the attention scale of scaled variants): each row depends on its position alone. */
     for (size_t r = 0; r < n_ropes; r++) {
         const pl_rope_table *rope = &m->ropes[r];
-        float *cs = s->rope_cos + r * n_ctx * half, *sn = s->rope_sin + r * n_ctx * half;
-        for (int p = 0; p < n_ctx; p++)
+        float *cs = s->rope_cos + r * s->n_ctx * half, *sn = s->rope_sin + r * s->n_ctx * half;
+        for (int p = s->rope_rows; p < end; p++)
             for (size_t i = 0; i < half; i++) {
                 float angle = (float)p * rope->inv_freq[i];
                 cs[p * half + i] = cosf(angle) * rope->scale;
                 sn[p * half + i] = sinf(angle) * rope->scale;
             }
     }
-    return s;
-fail:
-    pl_state_free(s);
-    return NULL;
+    if (end > s->rope_rows) s->rope_rows = end;
 }
 
 int pl_kv_type_fits(const pl_model *m, int kv_type) {
