@@ -534,6 +534,9 @@ def _load_gguf(path: str, threads: int, dtype):
     for key in VOCABULARY_ARRAYS:
         meta.pop(key, None)
     _core.trim_heap()
+    # Every value of the header is parsed now: its pages of the mapping (~6 MB of token strings for
+    # a 262k vocabulary) can leave memory.
+    gguf.file.release(0, gguf.data_offset)
     tokenizer = Tokenizer(hf=info.tokenizer, bos_id=info.bos_id, eos_id=info.eos_id,
                           chat_template=info.chat_template)
     tokenizer.bos_token = info.tokenizer.id_to_token(info.bos_id) if info.bos_id is not None else None
