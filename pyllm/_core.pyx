@@ -1197,7 +1197,7 @@ def attention_rows(rows, int n_heads, int n_kv_heads, float scale, int window=0,
         if t == 0:
             hd = q.shape[0] // n_heads
             out = np.zeros((n, n_heads * hd), dtype=np.float32)
-        if (q.shape != (n_heads * hd,) or k.shape != (n_kv_heads, pos + 1, hd) or v.shape != k.shape
+        if (hd < 1 or pos < 0 or q.shape != (n_heads * hd,) or k.shape != (n_kv_heads, pos + 1, hd) or v.shape != k.shape
                 or k.dtype != v.dtype or k.dtype not in (np.float32, np.float16)
                 or (q8_0 and (k.dtype != np.float32 or hd % 32))):
             raise ValueError(f"row {t}: q, k or v has the wrong shape or type")

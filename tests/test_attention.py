@@ -123,6 +123,22 @@ def test_a_batched_step_over_many_caches_gives_each_row_its_own_bits(isa, rng, n
     assert np.array_equal(bits(got), bits(want))
 
 
+def test_a_batched_step_refuses_rows_that_do_not_fit(rng):
+    q, k, v = inputs(rng, 4, 2, 32, 9, 1, np.float32)
+    k, v = by_head(k, 2), by_head(v, 2)
+    good = (q[0], k, v, 9)
+    with pytest.raises(ValueError):
+        _core.attention_rows([good, (q[0], k, v, 8)], 4, 2, 0.3)  # a cache of other than pos + 1 keys
+    with pytest.raises(ValueError):
+        _core.attention_rows([(q[0], k[:, :0], v[:, :0], -1)], 4, 2, 0.3)  # a negative position
+    with pytest.raises(ValueError):
+        _core.attention_rows([good, (q[0, :64], k, v, 9)], 4, 2, 0.3)  # another head_dim
+    with pytest.raises(ValueError):
+        _core.attention_rows([good], 4, 2, 0.3, scores_per_thread=9)  # scratch short of the keys
+    with pytest.raises(ValueError):
+        _core.attention_rows([], 4, 2, 0.3)
+
+
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("n", [1, 7, 8, 16, 20, 36, 64, 72, 128])
 def test_multi_query_kernels_are_bit_identical_to_the_single_ones(isa, rng, n, kv_dtype):
