@@ -376,6 +376,21 @@ int pl_head(const pl_model *m, pl_state *s, pl_pool *pool, const float *x, int n
 int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
                       float *logits, int all_logits, const pl_trace *trace);
 
+/* ---------------------------------------------------------------- vocabularies (vocab.c) */
+
+/* Every split of a token into two tokens of the vocabulary: token t is bytes[offsets[t],
+ * offsets[t + 1]) in UTF-8, and a split cuts it between two code points. Splits are listed by
+ * token, then cut: the token, the cut in code points, and the tokens of its left and right parts
+ * (of equal tokens, the first). Linear in the bytes. */
+typedef struct {
+    int64_t *which, *cut, *left, *right; /* n of each, malloc'd: pl_vocab_split_list_free */
+    int64_t n;
+} pl_vocab_split_list;
+/* PL_OK with out filled; PL_ERR_NOMEM or PL_ERR_ARGS (over 2^31 tokens, or a token of over 2^31
+ * bytes) with out empty. */
+int pl_vocab_splits(const char *bytes, const int64_t *offsets, int64_t n, pl_vocab_split_list *out);
+void pl_vocab_split_list_free(pl_vocab_split_list *out);
+
 #ifdef __cplusplus
 }
 #endif

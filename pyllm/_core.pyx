@@ -129,6 +129,14 @@ cdef extern from "pyllm.h" nogil:
     int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
                           float *logits, int all_logits, const pl_trace *trace)
     int pl_head(const pl_model *m, pl_state *s, pl_pool *pool, const float *x, int n, float *logits)
+    ctypedef struct pl_vocab_split_list:
+        int64_t *which
+        int64_t *cut
+        int64_t *left
+        int64_t *right
+        int64_t n
+    int pl_vocab_splits(const char *bytes, const int64_t *offsets, int64_t n, pl_vocab_split_list *out)
+    void pl_vocab_split_list_free(pl_vocab_split_list *out)
     int pl_forward_batch(const pl_model *m, pl_state *work, pl_state *const *seqs, int n_seqs, pl_pool *pool,
                          const int32_t *tokens, float *logits)
 
@@ -763,6 +771,37 @@ def trim_heap() -> None:
     """Returns the C heap's free pages to the system (glibc; elsewhere nothing): what a loader's
     short-lived objects (a large vocabulary's merge list) leave behind once freed."""
     pl_trim_heap()
+
+
+def vocab_splits(list tokens):
+    """Every split of a token into two of tokens (csrc/vocab.c), by token, then cut: four int64
+    arrays, the token, the cut (its left part's characters) and the tokens of the two parts (of
+    equal tokens, the first)."""
+    encoded = [t.encode("utf-8", "surrogatepass") for t in tokens]  # a str may hold a lone surrogate
+    cdef bytes data = b"".join(encoded)
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:])
+    del encoded
+    cdef const int64_t[::1] off = offsets
+    cdef const char *base = data
+    cdef pl_vocab_split_list found
+    cdef int64_t n = len(tokens)
+    cdef int rc
+    with nogil:
+        rc = pl_vocab_splits(base, &off[0], n, &found)
+    if rc == 4:  # PL_ERR_NOMEM
+        raise MemoryError("no memory to split the vocabulary's tokens")
+    if rc != 0:
+        raise ValueError("a vocabulary of over 2^31 tokens, or a token of over 2^31 bytes")
+    out = np.empty((4, found.n), dtype=np.int64)
+    cdef int64_t[:, ::1] o = out
+    if found.n:
+        memcpy(&o[0, 0], found.which, found.n * sizeof(int64_t))
+        memcpy(&o[1, 0], found.cut, found.n * sizeof(int64_t))
+        memcpy(&o[2, 0], found.left, found.n * sizeof(int64_t))
+        memcpy(&o[3, 0], found.right, found.n * sizeof(int64_t))
+    pl_vocab_split_list_free(&found)
+    return tuple(out)
 
 
 def check_kv_dtype(kv_dtype) -> str:

@@ -19,7 +19,7 @@ from tokenizers.pre_tokenizers import ByteLevel
 
 from pyllm.errors import FormatError, UnsupportedModelError
 from pyllm.formats.gguf import GGUFFile
-from pyllm import tokenizer_gguf
+from pyllm import _core, tokenizer_gguf
 from pyllm.tokenizer_gguf import PRE_TOKENIZERS, tokenizer_from_gguf
 
 
@@ -597,17 +597,23 @@ def every_split(vocab: dict, priority: dict) -> list:
     return [(left, right) for _, _, _, left, right in found]
 
 
-@pytest.mark.parametrize("short", [3, tokenizer_gguf._SHORT_TOKEN])
-def test_merges_rebuilt_for_long_tokens_are_every_split_into_two_tokens(short, monkeypatch):
-    monkeypatch.setattr(tokenizer_gguf, "_SHORT_TOKEN", short)
+@pytest.mark.parametrize("alphabet", ["ab", "aé日\U0001F600", "a\0b"], ids=["ascii", "multibyte", "nul"])
+def test_merges_rebuilt_are_every_split_into_two_tokens(alphabet):
     rng = np.random.default_rng(7)
     for _ in range(50):
-        lengths = rng.integers(1, 3 * short, size=60)
-        tokens = {"".join(rng.choice(list("ab"), size=n)) for n in lengths} | {"a", "b"}
-        tokens |= {t + t for t in list(tokens)[:10]}  # long ones made of two tokens
+        lengths = rng.integers(1, 12, size=60)
+        tokens = {"".join(rng.choice(list(alphabet), size=n)) for n in lengths} | set(alphabet)
+        tokens |= {t + t for t in list(tokens)[:10]}  # longer ones made of two tokens
         vocab = {t: i for i, t in enumerate(sorted(tokens))}
         priority = {t: float(rng.integers(0, 5)) for t in vocab}
-        assert list(tokenizer_gguf._merges_from_vocab(vocab, priority)) == every_split(vocab, priority)
+        assert tokenizer_gguf._merges_from_vocab(priority) == every_split(vocab, priority)
+
+
+def test_vocab_splits_cut_between_characters_and_name_the_first_of_equal_tokens():
+    tokens = ["a", "é", "aé", "a", "日本", "日", "本", "x\ud800", "\ud800", "x", ""]
+    which, cut, left, right = _core.vocab_splits(tokens)
+    assert list(zip(which, cut, left, right)) == [(2, 1, 0, 1), (4, 1, 5, 6), (7, 1, 9, 8)]
+    assert [len(a) for a in _core.vocab_splits([])] == [0, 0, 0, 0]
 
 
 def test_a_sentencepiece_vocabulary_with_a_huge_token_loads_in_linear_time():
