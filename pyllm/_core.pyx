@@ -13,6 +13,7 @@ import threading
 import numpy as np
 
 from cpython.pycapsule cimport PyCapsule_GetName, PyCapsule_GetPointer
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 cdef extern from "pyllm.h" nogil:
     ctypedef void (*pl_to_f32_fn)(const void *src, float *dst, int64_t n)
@@ -802,6 +803,39 @@ def vocab_splits(list tokens):
         memcpy(&o[3, 0], found.right, found.n * sizeof(int64_t))
     pl_vocab_split_list_free(&found)
     return tuple(out)
+
+
+def gguf_strings(const unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t count, Py_ssize_t end):
+    """GGUF's array of count strings from buf[pos] (each a little-endian u64 length, then that
+    many bytes of UTF-8), none past end, for pyllm.formats.gguf (a vocabulary's 262k strings
+    took 0.3 s in a Python loop). Returns (strings, the position after them, None, 0, ""), or
+    where it fails (None, the byte of the failing string's length, the problem, its index, and
+    for "utf-8" the decoder's reason; "truncated": no room for the length; "claims": n past end)."""
+    cdef list out = [None] * count
+    cdef Py_ssize_t i, at
+    cdef unsigned long long n
+    cdef int b
+    if pos < 0 or end > buf.shape[0] or pos > end:
+        raise ValueError(f"bytes [{pos}, {end}) are not inside a buffer of {buf.shape[0]}")
+    for i in range(count):
+        at = pos
+        if end - pos < 8:
+            return None, at, "truncated", i, ""
+        n = 0
+        for b in range(8):
+            n |= (<unsigned long long>buf[pos + b]) << (8 * b)
+        pos += 8
+        if n > <unsigned long long>(end - pos):
+            return None, at, "claims", i, str(n)
+        if n == 0:
+            out[i] = ""
+            continue
+        try:
+            out[i] = PyUnicode_DecodeUTF8(<const char *>&buf[pos], <Py_ssize_t>n, NULL)
+        except UnicodeDecodeError as e:
+            return None, at, "utf-8", i, e.reason
+        pos += <Py_ssize_t>n
+    return out, pos, None, 0, ""
 
 
 def check_kv_dtype(kv_dtype) -> str:

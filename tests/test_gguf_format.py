@@ -360,6 +360,13 @@ def alignment_kv(a: int) -> bytes:
 
 
 U64 = struct.Struct("<Q").pack
+
+
+def cut_after(data: bytes, marker: bytes, keep: int) -> bytes:
+    """data ending keep bytes after its first marker."""
+    return data[:data.index(marker) + len(marker) + keep]
+
+
 MALFORMED: dict[str, tuple[bytes, str]] = {
     "empty file": (b"", "truncated"),
     "bad magic": (b"GGML" + good_file()[4:], "not a GGUF file"),
@@ -375,6 +382,9 @@ MALFORMED: dict[str, tuple[bytes, str]] = {
     "string array count 2**62": (meta(kv("k", 9, arr(8, 2**62, s("a")))), "cannot fit"),
     "nested array count 2**62": (meta(kv("k", 9, arr(9, 2**62, arr(0, 0, b"")))), "cannot fit"),
     "string in array past the end": (meta(kv("k", 9, arr(8, 2, s("a") + U64(99)))), "claims 99 bytes"),
+    "string in array without room for its length": (
+        cut_after(meta(kv("k", 9, arr(8, 2, s("a" * 10)))), b"a" * 10, 3), "has no room for its length"
+    ),
     "unknown value type 13": (meta(kv("k", 13, b"\0" * 8)), "unknown value type 13"),
     "unknown value type 2**32-1": (meta(kv("k", 2**32 - 1, b"\0" * 8)), "unknown value type"),
     "unknown array element type": (meta(kv("k", 9, arr(42, 1, b"\0" * 8))), "unknown element type 42"),

@@ -36,6 +36,7 @@ import struct
 
 import numpy as np
 
+from .. import _core
 from ..dtypes import BLOCK_LAYOUT, WeightType, tensor_nbytes
 from ..errors import FormatError
 from .mapped import MappedFile, TensorInfo
@@ -186,25 +187,14 @@ class _Cursor:
         return [self.array(f"{what}[{i}]", depth + 1) for i in range(count)]
 
     def strings(self, count: int, what: str) -> list[str]:
-        # Vocabularies hold up to ~262k strings: a tight loop over offsets, no per-byte work.
-        buf, pos, end = self.buf, self.pos, self.end
-        unpack = _U64.unpack_from
-        out: list[str] = [""] * count
-        i = 0
-        try:
-            for i in range(count):
-                if end - pos < 8:
-                    raise self.fail(f"truncated: {what}[{i}] at byte {pos} has no room for its length")
-                (n,) = unpack(buf, pos)
-                pos += 8
-                if n > end - pos:
-                    raise self.fail(
-                        f"{what}[{i}] at byte {pos - 8} claims {n} bytes, only {end - pos} remain"
-                    )
-                out[i] = str(buf[pos : pos + n], "utf-8")
-                pos += n
-        except UnicodeDecodeError as e:
-            raise self.fail(f"{what}[{i}] at byte {pos - 8} is not valid UTF-8 ({e.reason})") from None
+        # Vocabularies hold up to ~262k strings: parsed by the core in one call.
+        out, pos, problem, i, detail = _core.gguf_strings(self.buf, self.pos, count, self.end)
+        if problem == "truncated":
+            raise self.fail(f"truncated: {what}[{i}] at byte {pos} has no room for its length")
+        if problem == "claims":
+            raise self.fail(f"{what}[{i}] at byte {pos} claims {detail} bytes, only {self.end - pos - 8} remain")
+        if problem == "utf-8":
+            raise self.fail(f"{what}[{i}] at byte {pos} is not valid UTF-8 ({detail})")
         self.pos = pos
         return out
 
