@@ -606,7 +606,8 @@ def test_merges_rebuilt_are_every_split_into_two_tokens(alphabet):
         tokens |= {t + t for t in list(tokens)[:10]}  # longer ones made of two tokens
         vocab = {t: i for i, t in enumerate(sorted(tokens))}
         priority = {t: float(rng.integers(0, 5)) for t in vocab}
-        assert tokenizer_gguf._merges_from_vocab(priority) == every_split(vocab, priority)
+        scores = np.array([priority[t] for t in vocab])  # by id: vocab's ids are 0, 1, ... in order
+        assert tokenizer_gguf._merges_from_vocab(vocab, scores) == every_split(vocab, priority)
 
 
 def test_vocab_splits_cut_between_characters_and_name_the_first_of_equal_tokens():
