@@ -204,7 +204,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, object], source: str = METADATA) 
             raise FormatError(
                 source, "a 'llama' vocabulary needs tokenizer.ggml.scores or tokenizer.ggml.merges"
             )
-        if scores is not None and any(math.isnan(s) for s in scores):
+        if scores is not None and any(map(math.isnan, scores)):
             raise FormatError(source, "tokenizer.ggml.scores holds NaN")
         architecture = meta.string("general.architecture") or ""
         add_space_prefix = meta.flag("tokenizer.ggml.add_space_prefix", True)
@@ -483,6 +483,8 @@ class _Metadata:
         if not value and not allow_empty:
             raise self.fail(f"{key} is empty")
         out = list(value)
+        if set(map(type, out)) == {str}:  # the common case, without a Python loop over 262k entries
+            return out
         for i, s in enumerate(out):
             if not isinstance(s, str):
                 if not isinstance(s, bytes):
@@ -502,7 +504,7 @@ class _Metadata:
         if len(value) != n:
             raise self.fail(f"{key} has {len(value)} entries for {n} tokens")
         try:
-            return [kind(v) for v in value]
+            return list(map(kind, value))
         except (TypeError, ValueError, OverflowError):  # int(inf) overflows
             raise self.fail(f"{key} holds a value that is not a number") from None
 
