@@ -127,18 +127,7 @@ class _Cursor:
         return v
 
     def string(self, what: str) -> str:
-        start = self.pos
-        n = self.u64(f"length of {what}")
-        if n > self.end - self.pos:
-            raise self.fail(
-                f"{what} at byte {start} claims {n} bytes, only {self.end - self.pos} remain"
-            )
-        try:
-            s = str(self.buf[self.pos : self.pos + n], "utf-8")
-        except UnicodeDecodeError as e:
-            raise self.fail(f"{what} at byte {start} is not valid UTF-8 ({e.reason})") from None
-        self.pos += n
-        return s
+        return self.strings(1, what, each=False)[0]
 
     def value(self, vtype: int, what: str, depth: int = 0) -> object:
         fixed = _FIXED.get(vtype)
@@ -186,15 +175,17 @@ class _Cursor:
             return self.strings(count, what)
         return [self.array(f"{what}[{i}]", depth + 1) for i in range(count)]
 
-    def strings(self, count: int, what: str) -> list[str]:
-        # Vocabularies hold up to ~262k strings: parsed by the core in one call.
+    def strings(self, count: int, what: str, each: bool = True) -> list[str]:
+        """count strings (a u64 length, then UTF-8) parsed by the core in one call: a vocabulary
+        holds up to ~262k. Errors name what[i], or what alone for a single string (each=False)."""
         out, pos, problem, i, detail = _core.gguf_strings(self.buf, self.pos, count, self.end)
+        name = f"{what}[{i}]" if each else what
         if problem == "truncated":
-            raise self.fail(f"truncated: {what}[{i}] at byte {pos} has no room for its length")
+            raise self.fail(f"truncated: {name} at byte {pos} has no room for its length")
         if problem == "claims":
-            raise self.fail(f"{what}[{i}] at byte {pos} claims {detail} bytes, only {self.end - pos - 8} remain")
+            raise self.fail(f"{name} at byte {pos} claims {detail} bytes, only {self.end - pos - 8} remain")
         if problem == "utf-8":
-            raise self.fail(f"{what}[{i}] at byte {pos} is not valid UTF-8 ({detail})")
+            raise self.fail(f"{name} at byte {pos} is not valid UTF-8 ({detail})")
         self.pos = pos
         return out
 
