@@ -20,25 +20,32 @@
 typedef char check_q4_1x8[sizeof(pl_block_q4_1x8) == 160 ? 1 : -1];
 typedef char check_q8_0x8[sizeof(pl_block_q8_0x8) == 272 ? 1 : -1];
 typedef char check_q5_0x8[sizeof(pl_block_q5_0x8) == 176 ? 1 : -1];
+typedef char check_q4_Kx8[sizeof(pl_block_q4_Kx8) == 1152 ? 1 : -1];
 
-pl_packed_kernels pl_packed = {pl_gemm_q4_1x8_scalar, pl_gemm_q5_0x8_scalar, pl_gemm_q8_0x8_scalar};
+pl_packed_kernels pl_packed = {pl_gemm_q4_1x8_scalar, pl_gemm_q5_0x8_scalar, pl_gemm_q8_0x8_scalar,
+                               pl_gemm_q4_Kx8_scalar};
 
-int pl_packed_type(int type) { return type == PL_TYPE_Q4_1 || type == PL_TYPE_Q5_0 || type == PL_TYPE_Q8_0; }
+int pl_packed_type(int type) {
+    return type == PL_TYPE_Q4_1 || type == PL_TYPE_Q5_0 || type == PL_TYPE_Q8_0 || type == PL_TYPE_Q4_K;
+}
 
 pl_packed_gemm_fn pl_packed_kernel_of(const pl_packed_kernels *k, int type) {
-    return type == PL_TYPE_Q4_1 ? k->q4_1 : type == PL_TYPE_Q5_0 ? k->q5_0 : k->q8_0;
+    return type == PL_TYPE_Q4_1 ? k->q4_1 : type == PL_TYPE_Q5_0 ? k->q5_0 : type == PL_TYPE_Q4_K ? k->q4_K : k->q8_0;
 }
 
 static int64_t packed_block_size(int type) {
     return type == PL_TYPE_Q4_1   ? (int64_t)sizeof(pl_block_q4_1x8)
            : type == PL_TYPE_Q5_0 ? (int64_t)sizeof(pl_block_q5_0x8)
+           : type == PL_TYPE_Q4_K ? (int64_t)sizeof(pl_block_q4_Kx8)
                                   : (int64_t)sizeof(pl_block_q8_0x8);
 }
 
 int64_t pl_packed_bytes(int type, int64_t rows, int64_t cols) {
-    if (!pl_packed_type(type) || rows < 0 || cols < 0 || cols % QK) return -1;
+    if (!pl_packed_type(type) || rows < 0 || cols < 0) return -1;
+    int64_t elems = pl_traits(type)->block_size;
+    if (cols % elems) return -1;
     int64_t groups = (rows + PL_PACK_ROWS - 1) / PL_PACK_ROWS;
-    return groups * (cols / QK) * packed_block_size(type);
+    return groups * (cols / elems) * packed_block_size(type);
 }
 
 /* A q4_1 block keeps elements j and 16 + j in the low and high nibble of qs[j], so qs[4k + i] already
@@ -75,12 +82,27 @@ static void pack_q5_0(const pl_block_q5_0 *const src[PL_PACK_ROWS], pl_block_q5_
     }
 }
 
+/* Each row's qs moves in 4-byte runs as q4_1's; its 12 scale bytes become three words, assembled
+ * little-endian so that the kernels' arithmetic on them is the same on any host. */
+static void pack_q4_K(const pl_block_q4_K *const src[PL_PACK_ROWS], pl_block_q4_Kx8 *dst) {
+    for (int r = 0; r < PL_PACK_ROWS; r++) {
+        dst->d[r] = src[r]->d;
+        dst->dmin[r] = src[r]->dmin;
+        for (int w = 0; w < 3; w++) {
+            const uint8_t *b = src[r]->scales + 4 * w;
+            dst->scales[w][r] = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+        }
+        for (int c = 0; c < 4; c++)
+            for (int k = 0; k < 8; k++) memcpy(&dst->qs[256 * c + 32 * k + 4 * r], &src[r]->qs[32 * c + 4 * k], 4);
+    }
+}
+
 int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *dst, int64_t g0, int64_t g1) {
     int64_t groups = (rows + PL_PACK_ROWS - 1) / PL_PACK_ROWS;
     if (pl_packed_bytes(type, rows, cols) < 0 || g0 < 0 || g1 < g0 || g1 > groups) return PL_ERR_ARGS;
-    int64_t nb = cols / QK, row_bytes = pl_row_size(type, cols), bs = packed_block_size(type);
+    int64_t nb = cols / pl_traits(type)->block_size, row_bytes = pl_row_size(type, cols), bs = packed_block_size(type);
     /* Padding rows read a zero block: d = m = 0 and zero quants give exact zeros. */
-    static const uint8_t zero[sizeof(pl_block_q8_0)]; /* the largest of the source blocks */
+    static const uint8_t zero[sizeof(pl_block_q4_K)]; /* the largest of the source blocks */
     for (int64_t g = g0; g < g1; g++)
         for (int64_t b = 0; b < nb; b++) {
             const void *blk[PL_PACK_ROWS];
@@ -94,6 +116,8 @@ int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *
                 pack_q4_1((const pl_block_q4_1 *const *)blk, out);
             else if (type == PL_TYPE_Q5_0)
                 pack_q5_0((const pl_block_q5_0 *const *)blk, out);
+            else if (type == PL_TYPE_Q4_K)
+                pack_q4_K((const pl_block_q4_K *const *)blk, out);
             else
                 pack_q8_0((const pl_block_q8_0 *const *)blk, out);
         }
@@ -111,7 +135,7 @@ int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int
         return PL_OK;
     }
     pl_packed_gemm_fn kernel = pl_packed_kernel_of(&pl_packed, type);
-    kernel(packed, cols / QK, r0 / PL_PACK_ROWS, (r1 + PL_PACK_ROWS - 1) / PL_PACK_ROWS, r1, x, x_stride, n, y, ldy);
+    kernel(packed, cols / pl_traits(type)->block_size, r0 / PL_PACK_ROWS, (r1 + PL_PACK_ROWS - 1) / PL_PACK_ROWS, r1, x, x_stride, n, y, ldy);
     return PL_OK;
 }
 
@@ -187,10 +211,42 @@ void pl_gemm_q8_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g
             }
 }
 
+void pl_gemm_q4_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy) {
+    const pl_block_q4_Kx8 *w = packed;
+    for (int64_t g = g0; g < g1; g++)
+        for (int r = 0; r < PL_PACK_ROWS && g * PL_PACK_ROWS + r < row_end; r++)
+            for (int t = 0; t < n; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)((const char *)x + t * x_stride);
+                float sd = 0.0f, sm = 0.0f;
+                for (int64_t b = 0; b < nb; b++) {
+                    const pl_block_q4_Kx8 *wb = &w[g * nb + b];
+                    uint32_t sc[2], mn[2];
+                    pl_k4x8_scales(wb, r, sc, mn);
+                    int isum = 0, imin = 0;
+                    for (int j = 0; j < 8; j++) { /* sub-block j: nibble j % 2 of registers c = j / 2 */
+                        int c = j / 2, h = j % 2, s = 0;
+                        for (int k = 0; k < 8; k++)
+                            for (int i = 0; i < 4; i++) {
+                                int q = wb->qs[256 * c + 32 * k + 4 * r + i];
+                                s += (h ? q >> 4 : q & 0xF) * xb[b].qs[64 * c + 32 * h + 4 * k + i];
+                            }
+                        int scale = (int)(sc[j / 4] >> (8 * (j % 4)) & 0xFF), min = (int)(mn[j / 4] >> (8 * (j % 4)) & 0xFF);
+                        isum += scale * s;
+                        imin += min * (xb[b].bsums[2 * j] + xb[b].bsums[2 * j + 1]);
+                    }
+                    sd = fmaf((float)isum, F16(wb->d[r]) * xb[b].d, sd);
+                    sm = fmaf((float)imin, F16(wb->dmin[r]) * xb[b].d, sm);
+                }
+                y[t * ldy + g * PL_PACK_ROWS + r] = sd - sm;
+            }
+}
+
 void pl_install_packed_kernels(int isa) {
     pl_packed.q4_1 = pl_gemm_q4_1x8_scalar;
     pl_packed.q5_0 = pl_gemm_q5_0x8_scalar;
     pl_packed.q8_0 = pl_gemm_q8_0x8_scalar;
+    pl_packed.q4_K = pl_gemm_q4_Kx8_scalar;
     /* An AVX-512 machine runs the AVX2 kernels: see packed_avx2.c. */
     if (isa == PL_ISA_AVX2 || isa == PL_ISA_AVX512) pl_install_packed_avx2();
     if (isa == PL_ISA_NEON) pl_install_packed_neon();

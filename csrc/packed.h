@@ -25,6 +25,13 @@
  * (176 bytes, the 8 source blocks' size): for chunk k, qh shifted so that bit k (bit 4 + k) lands
  * on bit 4 of each byte completes the low (high) nibbles to 5 bits, all chunks from one 32-byte qh.
  * Scales stay f16: the packed matrix is exactly as large as the source (decode is memory-bound).
+ * q4_Kx8 packs 8 rows' super-blocks of 256 (cols / 256 per row):
+ *     d[8], dmin[8]  f16
+ *     scales[w][r]   row r's scale bytes 4w .. 4w + 3 as one little-endian word (w < 3): the 8 rows'
+ *                    6-bit scales and mins unpack in 8 lanes at once (pl_k4x8_scales)
+ *     qs[1024]       qs[256c + 32k + 4r + i] = row r's qs[32c + 4k + i], c < 4, k < 8
+ * (1,152 bytes, the 8 source blocks' size). Register (c, k) holds, per row, elements 4k..4k+3 of
+ * sub-block 2c in its low nibbles and of sub-block 2c + 1 in its high ones.
  *
  * The float-order contract. For each output (weight row r, activation row t), isum_b = Σ_e q_w·q_x
  * over block b is an exact int32 (|isum_b| < 2^24, so (float)isum_b is exact too), and
@@ -33,8 +40,12 @@
  *                   y = sd + sm
  *     q8_0 × q8_0:  sd = 0; for b in order: sd = fmaf((float)isum_b, dw_b·dx_b, sd);  y = sd
  *     q5_0 × q8_0:  the same, isum_b = Σ_e (q_w − 16)·q_x (q_w the unsigned 5-bit value 0..31)
+ *     q4_K × q8_K:  sd = 0, sm = 0; for super-block b in order, isum_b = Σ_j sc_j·Σ_{e in j} q_w·q_x and
+ *                   imin_b = Σ_j m_j·(bsums[2j] + bsums[2j+1]) over its 8 sub-blocks j (exact int32s):
+ *                       sd = fmaf((float)isum_b, dw_b·dx_b, sd);  sm = fmaf((float)imin_b, dminw_b·dx_b, sm)
+ *                   y = sd − sm
  * where dw_b·dx_b is one rounded f32 product of the widened f16 weight scale and the activation's
- * scale (q8_1: its f32 d; q8_0: its widened f16 d), mw_b the widened f16 min, sx_b the q8_1 block's
+ * scale (q8_1 and q8_K: its f32 d; q8_0: its widened f16 d), mw_b the widened f16 min, sx_b the q8_1 block's
  * f32 s. The scalar reference spells this with fmaf (compiled without contraction), the SIMD kernels
  * with one fused multiply-add per lane (_mm256_fmadd_ps, vfmaq_f32): every ISA gives the same bits.
  * The result differs from vec_dot's (another order) by a few ulps of the block sums.
@@ -62,27 +73,45 @@ typedef struct {
     uint8_t qs[128];                           /* the low 4 bits: 4 chunks of 32 bytes as q4_1x8 */
 } pl_block_q5_0x8;                             /* 176 bytes: 8 q5_0 blocks */
 
-/* Whether weights of this type can be packed: Q4_1, Q5_0, Q8_0. */
+typedef struct {
+    uint16_t d[PL_PACK_ROWS], dmin[PL_PACK_ROWS];
+    uint32_t scales[3][PL_PACK_ROWS];          /* see above */
+    uint8_t qs[1024];                          /* 4 × 8 registers of 32 bytes */
+} pl_block_q4_Kx8;                             /* 1,152 bytes: 8 q4_K super-blocks */
+
+/* Row r's 8 sub-block scales and mins of a q4_Kx8 block from its three words: word 0 (1) of sc holds
+ * sub-blocks 0..3 (4..7), a byte each, as does mn for the mins; the arithmetic of
+ * pl_get_scale_min_k4 on the 4 bytes of each word at once. The SIMD kernels do the same on 8 rows. */
+static inline void pl_k4x8_scales(const pl_block_q4_Kx8 *b, int r, uint32_t sc[2], uint32_t mn[2]) {
+    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
+    uint32_t u0 = b->scales[0][r], u1 = b->scales[1][r], u2 = b->scales[2][r];
+    sc[0] = u0 & low6;
+    sc[1] = (u2 & low4) | ((u0 >> 6) & top2) << 4;
+    mn[0] = u1 & low6;
+    mn[1] = ((u2 >> 4) & low4) | ((u1 >> 6) & top2) << 4;
+}
+
+/* Whether weights of this type can be packed: Q4_1, Q5_0, Q8_0, Q4_K. */
 int pl_packed_type(int type);
 /* Bytes of a packed (rows, cols) matrix, rows padded to a multiple of 8; -1 for a type that cannot
- * be packed or cols not whole blocks. */
+ * be packed or cols not whole blocks (32 elements, or 256 for q4_K). */
 int64_t pl_packed_bytes(int type, int64_t rows, int64_t cols);
 /* Repacks row groups [g0, g1) of src (rows × pl_row_size(type, cols) bytes, the file's layout) into
  * dst (pl_packed_bytes); a range of groups at a time, so that loading can split it over threads.
  * PL_OK, or PL_ERR_ARGS (nothing written) for a bad type, shape or group range. */
 int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *dst, int64_t g0, int64_t g1);
 /* y[t·ldy + r] = row r of W · activation row t, for r in [r0, r1) (r0 a multiple of 8, r1 ≤ rows)
- * and t < n. x: n rows of the type's vec_dot_type (q8_1 for q4_1, q8_0 for q5_0 and q8_0), x_stride bytes
+ * and t < n. x: n rows of the type's vec_dot_type (q8_1 for q4_1, q8_0 for q5_0 and q8_0, q8_K for q4_K), x_stride bytes
  * apart. Bit-identical for any n, r0, r1 and ISA. PL_OK, or PL_ERR_ARGS (nothing written). */
 int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
                    const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
 
-/* One kernel: row groups [g0, g1) of a packed matrix of nb blocks per row, results for rows below
+/* One kernel: row groups [g0, g1) of a packed matrix of nb blocks (the type's) per row, results for rows below
  * row_end only (the last group may be partial). Arguments already checked. */
 typedef void (*pl_packed_gemm_fn)(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                                   const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
 typedef struct {
-    pl_packed_gemm_fn q4_1, q5_0, q8_0;
+    pl_packed_gemm_fn q4_1, q5_0, q8_0, q4_K;
 } pl_packed_kernels;
 extern pl_packed_kernels pl_packed;
 
@@ -92,6 +121,8 @@ void pl_gemm_q4_1x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g
 void pl_gemm_q5_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                            const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
 void pl_gemm_q8_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
+void pl_gemm_q4_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                            const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
 /* The kernel of a packable type in the table k. */
 pl_packed_gemm_fn pl_packed_kernel_of(const pl_packed_kernels *k, int type);

@@ -247,6 +247,115 @@ PL_TARGET_AVX2 static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int
         store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
 }
 
+/* ================================================================ q4_K × q8_K */
+
+/* The 8 rows' scale bytes of one word (pl_k4x8_scales' sc or mn words, lane r = row r). */
+PL_TARGET_AVX2 static inline void k4x8_words(const pl_block_q4_Kx8 *b, __m256i *w0, __m256i *w1, int mins) {
+    const __m256i low6 = _mm256_set1_epi32(0x3f3f3f3f), low4 = _mm256_set1_epi32(0x0f0f0f0f),
+                  top2 = _mm256_set1_epi32(0x03030303);
+    __m256i u0 = _mm256_loadu_si256((const __m256i *)b->scales[mins ? 1 : 0]);
+    __m256i u2 = _mm256_loadu_si256((const __m256i *)b->scales[2]);
+    if (mins) u2 = _mm256_srli_epi32(u2, 4);
+    *w0 = _mm256_and_si256(u0, low6);
+    *w1 = _mm256_or_si256(_mm256_and_si256(u2, low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), top2), 4));
+}
+
+/* Byte s of each dword in both of its i16 halves: lane r = (x, x), what madd multiplies a lane's
+ * two i16 partial sums by to give x·(their sum) in i32. */
+#define BYTE_BOTH_HALVES(s)                                                                                   \
+    _mm256_setr_epi8((s), -1, (s), -1, 4 + (s), -1, 4 + (s), -1, 8 + (s), -1, 8 + (s), -1, 12 + (s), -1, 12 + (s), \
+                     -1, (s), -1, (s), -1, 4 + (s), -1, 4 + (s), -1, 8 + (s), -1, 8 + (s), -1, 12 + (s), -1, 12 + (s), -1)
+
+/* The activation's 8 sub-block sums as the dwords madd pairs with the mins: (bs0, bs2), (bs1, bs3),
+ * (bs4, bs6), (bs5, bs7) in pairs[0..3], each broadcast. */
+PL_TARGET_AVX2 static inline void k4_bsum_pairs(const pl_block_q8_K *x, __m256i pairs[4]) {
+    __m256i bs = _mm256_loadu_si256((const __m256i *)x->bsums);
+    __m128i s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)); /* bs0..bs7 */
+    s = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
+    pairs[0] = _mm256_broadcastd_epi32(s);
+    pairs[1] = _mm256_broadcastd_epi32(_mm_srli_si128(s, 4));
+    pairs[2] = _mm256_broadcastd_epi32(_mm_srli_si128(s, 8));
+    pairs[3] = _mm256_broadcastd_epi32(_mm_srli_si128(s, 12));
+}
+
+/* As q4_1_tile, a sub-block at a time: register (c, k)'s nibbles h against activation dword
+ * 64c + 32h + 4k, 8 maddubs summed in i16 (each lane at most 2·15·128, 8 of them 30720), then one
+ * madd by the rows' scales of sub-block 2c + h gives its exact share of isum in i32. A register is
+ * loaded once per nibble half (from L1 the second time), which keeps the live sums within the 16
+ * registers. The mins' share runs as a second loop, as q4_1's. */
+PL_TARGET_AVX2 static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const int G, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256 sd[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_next(pf, pf_bytes, b);
+        __m256i isum[2][4], sc[2][2];
+        UNROLLED for (int j = 0; j < G; j++) {
+            k4x8_words(&w[j * nb + b], &sc[j][0], &sc[j][1], 0);
+            UNROLLED for (int t = 0; t < T; t++) isum[j][t] = _mm256_setzero_si256();
+        }
+        UNROLLED for (int sub = 0; sub < 8; sub++) {
+            const int c = sub / 2, h = sub % 2;
+            __m256i p[2][4];
+            UNROLLED for (int k = 0; k < 8; k++) {
+                __m256i q[2];
+                UNROLLED for (int j = 0; j < G; j++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 256 * c + 32 * k));
+                    q[j] = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, low4);
+                }
+                UNROLLED for (int t = 0; t < T; t++) {
+                    const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                    __m256i xd = dword_bcast(xb->qs + 64 * c + 32 * h + 4 * k);
+                    UNROLLED for (int j = 0; j < G; j++) {
+                        __m256i prod = _mm256_maddubs_epi16(q[j], xd);
+                        p[j][t] = k == 0 ? prod : _mm256_add_epi16(p[j][t], prod);
+                        IN_ORDER(p[j][t]);
+                    }
+                }
+            }
+            UNROLLED for (int j = 0; j < G; j++) {
+                __m256i scale = _mm256_shuffle_epi8(sc[j][sub / 4], BYTE_BOTH_HALVES(sub % 4));
+                UNROLLED for (int t = 0; t < T; t++)
+                    isum[j][t] = _mm256_add_epi32(isum[j][t], _mm256_madd_epi16(p[j][t], scale));
+            }
+        }
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
+                sd[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][t]), scale, sd[j][t]);
+            }
+        }
+    }
+    /* imin: the mins' bytes of each word as i16 pairs (bytes 0, 2 and 1, 3) against the matching
+     * pairs of sub-block sums */
+    const __m256i even = _mm256_set1_epi32(0x00FF00FF);
+    __m256 sm[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sm[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++)
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256i mn[2];
+            k4x8_words(&w[j * nb + b], &mn[0], &mn[1], 1);
+            __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].dmin));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                __m256i pairs[4];
+                k4_bsum_pairs(xb, pairs);
+                __m256i imin = _mm256_madd_epi16(_mm256_and_si256(mn[0], even), pairs[0]);
+                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_srli_epi16(mn[0], 8), pairs[1]));
+                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_and_si256(mn[1], even), pairs[2]));
+                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_srli_epi16(mn[1], 8), pairs[3]));
+                __m256 scale = _mm256_mul_ps(dmin, _mm256_set1_ps(xb->d));
+                sm[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), scale, sm[j][t]);
+            }
+        }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, _mm256_sub_ps(sd[j][t], sm[j][t]), rows_left - j * PL_PACK_ROWS);
+}
+
 /* NAME(packed, nb, g0, g1, row_end, x, xs, n, y, ldy) over TILE: one activation row with two groups
  * at a time (the last alone), more in tiles of 4 activation rows per group and one of the rest. The
  * first tile over a group prefetches the next groups of the range (prefetch_next). */
@@ -283,11 +392,13 @@ PL_TARGET_AVX2 static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int
 PACKED_GEMM(gemm_q4_1x8_avx2, pl_block_q4_1x8, q4_1_tile)
 PACKED_GEMM(gemm_q5_0x8_avx2, pl_block_q5_0x8, q5_0_tile)
 PACKED_GEMM(gemm_q8_0x8_avx2, pl_block_q8_0x8, q8_0_tile)
+PACKED_GEMM(gemm_q4_Kx8_avx2, pl_block_q4_Kx8, q4_K_tile)
 
 int pl_install_packed_avx2(void) {
     pl_packed.q4_1 = gemm_q4_1x8_avx2;
     pl_packed.q5_0 = gemm_q5_0x8_avx2;
     pl_packed.q8_0 = gemm_q8_0x8_avx2;
+    pl_packed.q4_K = gemm_q4_Kx8_avx2;
     return 1;
 }
 

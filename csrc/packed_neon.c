@@ -196,6 +196,81 @@ static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t nb, const 
         store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t][0], sd[j][t][1], rows_left - j * PL_PACK_ROWS);
 }
 
+/* ================================================================ q4_K × q8_K */
+
+/* Rows 4h..4h+3's scale (mins 0) or min (mins 1) words: pl_k4x8_scales' sc or mn, one lane a row. */
+static inline void k4x8_words(const pl_block_q4_Kx8 *b, int h, uint32x4_t *w0, uint32x4_t *w1, int mins) {
+    const uint32x4_t low6 = vdupq_n_u32(0x3f3f3f3f), low4 = vdupq_n_u32(0x0f0f0f0f), top2 = vdupq_n_u32(0x03030303);
+    uint32x4_t u0 = vld1q_u32(b->scales[mins ? 1 : 0] + 4 * h), u2 = vld1q_u32(b->scales[2] + 4 * h);
+    if (mins) u2 = vshrq_n_u32(u2, 4);
+    *w0 = vandq_u32(u0, low6);
+    *w1 = vorrq_u32(vandq_u32(u2, low4), vshlq_n_u32(vandq_u32(vshrq_n_u32(u0, 6), top2), 4));
+}
+
+/* Byte s of each lane of word v, as an i32. */
+static inline int32x4_t byte_of(uint32x4_t v, int s) {
+    return vreinterpretq_s32_u32(vandq_u32(vshlq_u32(v, vdupq_n_s32(-8 * s)), vdupq_n_u32(0xFF)));
+}
+
+/* Sub-block by sub-block: per half of the rows, register (c, k)'s nibbles against activation dword
+ * 64c + 32h + 4k give the sub-block's exact sums (the nibbles 0..15 are valid signed bytes), then
+ * one multiply-add by the rows' scales. The mins' share from the activation's bsums, in integers. */
+static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const int G, const char *x, int64_t xs,
+                                    const int T, float *y, int64_t ldy, int64_t rows_left) {
+    const uint8x16_t low4 = vdupq_n_u8(0x0F);
+    float32x4_t sd[2][4][2], sm[2][4][2];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) UNROLLED for (int h = 0; h < 2; h++)
+        sd[j][t][h] = sm[j][t][h] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int half = 0; half < 2; half++) {
+            const pl_block_q4_Kx8 *wb = &w[j * nb + b];
+            uint32x4_t sc[2], mn[2];
+            k4x8_words(wb, half, &sc[0], &sc[1], 0);
+            k4x8_words(wb, half, &mn[0], &mn[1], 1);
+            int32x4_t isum[4], imin[4];
+            UNROLLED for (int t = 0; t < T; t++) isum[t] = imin[t] = vdupq_n_s32(0);
+            for (int sub = 0; sub < 8; sub++) { /* rolled: clang will not unroll this much */
+                const int c = sub / 2, h = sub % 2;
+                int32x4_t s[4];
+                int8x16_t x0[4], x1[4]; /* the sub-block's activation bytes 0..15 and 16..31 */
+                UNROLLED for (int t = 0; t < T; t++) {
+                    const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                    x0[t] = vld1q_s8(xb->qs + 64 * c + 32 * h);
+                    x1[t] = vld1q_s8(xb->qs + 64 * c + 32 * h + 16);
+                    s[t] = vdupq_n_s32(0);
+                }
+#define REG(K)                                                                                             \
+                {                                                                                          \
+                    uint8x16_t v0 = vld1q_u8(wb->qs + 256 * c + 32 * (K) + 16 * half);                     \
+                    uint8x16_t v1 = vld1q_u8(wb->qs + 256 * c + 32 * ((K) + 4) + 16 * half);               \
+                    int8x16_t q0 = vreinterpretq_s8_u8(h ? vshrq_n_u8(v0, 4) : vandq_u8(v0, low4));         \
+                    int8x16_t q1 = vreinterpretq_s8_u8(h ? vshrq_n_u8(v1, 4) : vandq_u8(v1, low4));         \
+                    UNROLLED for (int t = 0; t < T; t++) s[t] = DOT4(DOT4(s[t], q0, x0[t], K), q1, x1[t], K); \
+                }
+                FOR_CHUNKS4(REG)
+#undef REG
+                int32x4_t scale = byte_of(sc[sub / 4], sub % 4), min = byte_of(mn[sub / 4], sub % 4);
+                UNROLLED for (int t = 0; t < T; t++) {
+                    const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                    isum[t] = vmlaq_s32(isum[t], s[t], scale);
+                    int32_t bsum = xb->bsums[2 * sub] + xb->bsums[2 * sub + 1];
+                    imin[t] = vmlaq_s32(imin[t], min, vdupq_n_s32(bsum));
+                }
+            }
+            float32x4_t dw = f16x4(wb->d + 4 * half), dmin = f16x4(wb->dmin + 4 * half);
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                float32x4_t dx = vdupq_n_f32(xb->d);
+                sd[j][t][half] = vfmaq_f32(sd[j][t][half], vcvtq_f32_s32(isum[t]), vmulq_f32(dw, dx));
+                sm[j][t][half] = vfmaq_f32(sm[j][t][half], vcvtq_f32_s32(imin[t]), vmulq_f32(dmin, dx));
+            }
+        }
+    }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, vsubq_f32(sd[j][t][0], sm[j][t][0]),
+                   vsubq_f32(sd[j][t][1], sm[j][t][1]), rows_left - j * PL_PACK_ROWS);
+}
+
 /* As packed_avx2.c's driver: two groups at a time for one activation row, else tiles of 4 rows. */
 #define PACKED_GEMM(NAME, BLOCK, TILE)                                                                      \
     static void NAME(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end, const void *vx, \
@@ -225,11 +300,13 @@ static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t nb, const 
 PACKED_GEMM(gemm_q4_1x8_neon, pl_block_q4_1x8, q4_1_tile)
 PACKED_GEMM(gemm_q5_0x8_neon, pl_block_q5_0x8, q5_0_tile)
 PACKED_GEMM(gemm_q8_0x8_neon, pl_block_q8_0x8, q8_0_tile)
+PACKED_GEMM(gemm_q4_Kx8_neon, pl_block_q4_Kx8, q4_K_tile)
 
 int pl_install_packed_neon(void) {
     pl_packed.q4_1 = gemm_q4_1x8_neon;
     pl_packed.q5_0 = gemm_q5_0x8_neon;
     pl_packed.q8_0 = gemm_q8_0x8_neon;
+    pl_packed.q4_K = gemm_q4_Kx8_neon;
     return 1;
 }
 

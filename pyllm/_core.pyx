@@ -463,7 +463,8 @@ cdef int64_t _packed_bytes(int wtype, int64_t rows, int64_t cols) except -1:
         raise ValueError(f"weight type {wtype} has no packed kernel")
     cdef int64_t size = pl_packed_bytes(wtype, rows, cols)
     if rows < 0 or size < 0:
-        raise ValueError(f"a ({rows}, {cols}) matrix cannot be packed: cols must be whole blocks of 32")
+        raise ValueError(f"a ({rows}, {cols}) matrix cannot be packed: cols must be whole blocks of "
+                         f"{_traits(wtype).block_size}")
     return size
 
 

@@ -15,10 +15,15 @@ import pytest
 from pyllm import _core
 from pyllm.dtypes import WeightType as W
 
-from test_quants import ACTIVATION_OF, ISAS, dot_tolerance, gaussian, np_dequantize, random_blocks, type_size
+from test_quants import (ACTIVATION_OF, ISAS, block_size, dot_tolerance, gaussian, np_dequantize, random_blocks,
+                         type_size)
 
-PACKED_TYPES = [W.Q4_1, W.Q5_0, W.Q8_0]
-QK = 32
+PACKED_TYPES = [W.Q4_1, W.Q5_0, W.Q8_0, W.Q4_K]
+
+
+def some_cols(t: W, cols: int) -> int:
+    """cols, or the next whole number of the type's blocks (q4_K's super-blocks are 256)."""
+    return -(-cols // block_size(t)) * block_size(t)
 
 
 @pytest.fixture
@@ -38,7 +43,7 @@ def weight_matrix(t: W, rows: int, cols: int, seed: int, extreme: bool = False) 
         if r % 2 == 0 and not extreme:
             out.append(_core.from_f32(int(t), gaussian(cols, seed * 1000 + r)))
         else:
-            out.append(random_blocks(t, cols // QK, rng, extreme=extreme))
+            out.append(random_blocks(t, cols // block_size(t), rng, extreme=extreme))
     return np.concatenate(out)
 
 
@@ -57,7 +62,7 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 def unpack(t: W, packed: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """The file's bytes from the packed layout, by csrc/packed.h's description."""
-    nb, groups = cols // QK, (rows + 7) // 8
+    nb, groups = cols // block_size(t), (rows + 7) // 8
     if t == W.Q4_1:  # d[8], m[8] (f16), qs[128]: qs[32k + 4r + i] = q[r][4k+i] | q[r][16+4k+i] << 4
         p = packed.reshape(groups, nb, 160)
         d, m = p[:, :, 0:16].reshape(groups, nb, 8, 2), p[:, :, 16:32].reshape(groups, nb, 8, 2)
@@ -80,6 +85,14 @@ def unpack(t: W, packed: np.ndarray, rows: int, cols: int) -> np.ndarray:
             h |= (high << (16 + 4 * kk + i)).sum(axis=3, dtype=np.uint32)
         file_qh = h.transpose(0, 2, 1)[..., None].view(np.uint8)            # little-endian u32
         blocks = np.concatenate([d.transpose(0, 2, 1, 3), file_qh.reshape(groups, 8, nb, 4), file_qs], axis=3)
+    elif t == W.Q4_K:  # d[8], dmin[8] (f16), scales[3][8] (u32 words of 4 scale bytes), qs[1024]:
+        p = packed.reshape(groups, nb, 1152)  # qs[256c + 32k + 4r + i] = the row's qs[32c + 4k + i]
+        d, dmin = p[:, :, 0:16].reshape(groups, nb, 8, 2), p[:, :, 16:32].reshape(groups, nb, 8, 2)
+        scales = p[:, :, 32:128].reshape(groups, nb, 3, 8, 4).transpose(0, 1, 3, 2, 4).reshape(groups, nb, 8, 12)
+        qs = p[:, :, 128:].reshape(groups, nb, 4, 8, 8, 4)                  # g, b, c, k, r, i
+        file_qs = qs.transpose(0, 4, 1, 2, 3, 5).reshape(groups, 8, nb, 128)
+        blocks = np.concatenate([d.transpose(0, 2, 1, 3), dmin.transpose(0, 2, 1, 3),
+                                 scales.transpose(0, 2, 1, 3), file_qs], axis=3)
     else:  # d[8] (f16), qs[256]: qs[32k + 4r + i] = q[r][4k + i]
         p = packed.reshape(groups, nb, 272)
         d = p[:, :, 0:16].reshape(groups, nb, 8, 2)
@@ -91,11 +104,11 @@ def unpack(t: W, packed: np.ndarray, rows: int, cols: int) -> np.ndarray:
 @pytest.mark.parametrize("rows", [1, 7, 8, 9, 37])
 @pytest.mark.parametrize("t", PACKED_TYPES, ids=lambda t: t.name)
 def test_packed_layout_unpacks_to_the_file_bytes_with_zero_padding(t, rows):
-    cols = 576
+    cols = some_cols(t, 576)
     w = weight_matrix(t, rows, cols, seed=rows)
     packed = _core.pack_weights(int(t), w, rows, cols)
     groups = (rows + 7) // 8
-    assert packed.size == groups * (cols // QK) * type_size(t) * 8
+    assert packed.size == groups * (cols // block_size(t)) * type_size(t) * 8
     np.testing.assert_array_equal(unpack(t, packed, rows, cols), w)
     padded = unpack(t, packed, groups * 8, cols).reshape(groups * 8, -1)
     assert not padded[rows:].any()
@@ -104,7 +117,7 @@ def test_packed_layout_unpacks_to_the_file_bytes_with_zero_padding(t, rows):
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
 @pytest.mark.parametrize("t", PACKED_TYPES, ids=lambda t: t.name)
 def test_packed_gemm_matches_float64_product_of_dequantized_operands(t, isa):
-    rows, cols, n = 37, 576, 5
+    rows, cols, n = 37, some_cols(t, 576), 5
     w = weight_matrix(t, rows, cols, seed=int(t))
     x = activations(n, cols, seed=3)
     got = _core.gemm_packed(int(t), _core.pack_weights(int(t), w, rows, cols), rows, cols, x)
@@ -119,7 +132,7 @@ def test_packed_gemm_matches_float64_product_of_dequantized_operands(t, isa):
 def test_packed_gemm_result_is_the_same_bits_for_any_batch_subset_and_row_range(t, isa):
     # Prefill (many rows), a batch of decode steps (a few) and one step (one row) must give one
     # sequence the same logits: each result may depend on its own weight row and activation row only.
-    rows, cols, n = 45, 576, 130
+    rows, cols, n = 45, some_cols(t, 576), 130
     w = weight_matrix(t, rows, cols, seed=7 + int(t))
     packed = _core.pack_weights(int(t), w, rows, cols)
     x = activations(n, cols, seed=11)
@@ -169,12 +182,12 @@ def test_packed_gemm_agrees_with_vec_dot_within_the_quant_dot_tolerance(t, isa):
 
 @pytest.mark.parametrize("t", PACKED_TYPES, ids=lambda t: t.name)
 def test_packed_ops_reject_bad_shapes_lengths_and_ranges(t):
-    rows, cols = 9, 64
+    rows, cols = 9, 2 * block_size(t)
     w = weight_matrix(t, rows, cols, seed=1)
     packed = _core.pack_weights(int(t), w, rows, cols)
     x = activations(2, cols, seed=1)
-    with pytest.raises(ValueError, match="whole blocks"):
-        _core.pack_weights(int(t), w, rows, 48)
+    with pytest.raises(ValueError, match=f"whole blocks of {block_size(t)}"):
+        _core.pack_weights(int(t), w, rows, cols * 3 // 4)
     with pytest.raises(ValueError, match="bytes"):
         _core.pack_weights(int(t), w[:-1], rows, cols)
     with pytest.raises(ValueError, match="bytes"):

@@ -584,7 +584,7 @@ static void check_vec_dot_rows(ctx_t *c, int type) {
 /* The file's bytes of row group g back from a packed matrix, by the layout packed.h documents
  * (written here independently of packed.c): rows below rows only. */
 static void unpack_group(int type, const void *packed, int64_t rows, int64_t cols, int64_t g, uint8_t *dst) {
-    int64_t nb = cols / QK, row_bytes = pl_row_size(type, cols);
+    int64_t nb = cols / pl_traits(type)->block_size, row_bytes = pl_row_size(type, cols);
     for (int r = 0; r < PL_PACK_ROWS && g * PL_PACK_ROWS + r < rows; r++)
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *out = dst + r * row_bytes;
@@ -612,6 +612,16 @@ static void unpack_group(int type, const void *packed, int64_t rows, int64_t col
                         h |= (uint32_t)(hb >> k & 1) << (4 * k + i) | (uint32_t)(hb >> (4 + k) & 1) << (16 + 4 * k + i);
                     }
                 for (int i = 0; i < 4; i++) o->qh[i] = (uint8_t)(h >> (8 * i));
+            } else if (type == PL_TYPE_Q4_K) {
+                const pl_block_q4_Kx8 *p = (const pl_block_q4_Kx8 *)packed + g * nb + b;
+                pl_block_q4_K *o = (pl_block_q4_K *)out + b;
+                o->d = p->d[r];
+                o->dmin = p->dmin[r];
+                for (int i = 0; i < 12; i++) o->scales[i] = (uint8_t)(p->scales[i / 4][r] >> (8 * (i % 4)));
+                /* register (c, k): row r's bytes 32c + 4k .. + 3 */
+                for (int c = 0; c < 4; c++)
+                    for (int k = 0; k < 8; k++)
+                        for (int i = 0; i < 4; i++) o->qs[32 * c + 4 * k + i] = p->qs[256 * c + 32 * k + 4 * r + i];
             } else {
                 const pl_block_q8_0x8 *p = (const pl_block_q8_0x8 *)packed + g * nb + b;
                 pl_block_q8_0 *o = (pl_block_q8_0 *)out + b;
@@ -632,7 +642,7 @@ static void check_packed(ctx_t *c, int type) {
     pl_packed_gemm_fn kr = pl_packed_kernel_of(&c->ref->p, type);
     stat_t *s = stat_of(type_name(c, type), "gemm_packed", ks != kr);
     stat_t *sl = stat_of(type_name(c, type), "pack_groups", 0);
-    static const int rows_list[] = {1, 7, 8, 9, 24, 37}, cols_list[] = {32, 64, 576, 1536};
+    static const int rows_list[] = {1, 7, 8, 9, 24, 37}, cols_list[] = {32, 64, 256, 576, 1536};
     static const int n_list[] = {1, 2, 3, 4, 5, 8, 17};
     enum { MAX_N = 17, MAX_ROWS = 37, MAX_COLS = 1536, GAP = 3 };
     int vt = c->ref->t[type].vec_dot_type;
@@ -644,10 +654,12 @@ static void check_packed(ctx_t *c, int type) {
     float *x = malloc(MAX_COLS * sizeof(float));
     float *want = malloc(MAX_N * ldy * sizeof(float)), *got = malloc(MAX_N * ldy * sizeof(float));
     char what[96];
+    int64_t elems = c->ref->t[type].block_size;
     for (int ci = 0; ci < LEN(cols_list); ci++)
         for (int ri = 0; ri < LEN(rows_list); ri++)
             for (int mode = SCALES_NORMAL; mode <= SCALES_EXTREME; mode++) {
-                int64_t rows = rows_list[ri], cols = cols_list[ci], nb = cols / QK;
+                int64_t rows = rows_list[ri], cols = cols_list[ci], nb = cols / elems;
+                if (cols % elems) continue;
                 int64_t row_bytes = pl_row_size(type, cols), xrow = pl_row_size(vt, cols);
                 int64_t groups = (rows + PL_PACK_ROWS - 1) / PL_PACK_ROWS;
                 const char *scales = mode == SCALES_NORMAL ? "normal" : "extreme";
@@ -661,10 +673,10 @@ static void check_packed(ctx_t *c, int type) {
                 snprintf(what, sizeof what, "%lld x %lld, %s scales, unpacked", (long long)rows, (long long)cols, scales);
                 same_bytes(sl, what, back, w, (size_t)(rows * row_bytes));
                 if (rows % PL_PACK_ROWS) { /* the padding rows of the last group: zero blocks */
-                    uint8_t zero[8 * 40] = {0}, pad[8 * 40];
+                    uint8_t zero[sizeof(pl_block_q4_Kx8)] = {0}, pad[sizeof(pl_block_q4_Kx8)];
                     int64_t padded = groups * PL_PACK_ROWS;
                     for (int64_t b = 0; b < nb; b++) {
-                        int64_t bs = pl_packed_bytes(type, 8, 32);
+                        int64_t bs = pl_packed_bytes(type, 8, elems);
                         memcpy(pad, packed + ((groups - 1) * nb + b) * bs, (size_t)bs);
                         /* zero the real rows' lanes, then everything must be zero */
                         for (int r = 0; r < PL_PACK_ROWS - (int)(padded - rows); r++) {
@@ -677,6 +689,11 @@ static void check_packed(ctx_t *c, int type) {
                                 p->d[r] = 0;
                                 memset(&p->qh[4 * r], 0, 4);
                                 for (int k = 0; k < 4; k++) memset(&p->qs[32 * k + 4 * r], 0, 4);
+                            } else if (type == PL_TYPE_Q4_K) {
+                                pl_block_q4_Kx8 *p = (pl_block_q4_Kx8 *)pad;
+                                p->d[r] = p->dmin[r] = 0;
+                                p->scales[0][r] = p->scales[1][r] = p->scales[2][r] = 0;
+                                for (int k = 0; k < 32; k++) memset(&p->qs[32 * k + 4 * r], 0, 4);
                             } else {
                                 pl_block_q8_0x8 *p = (pl_block_q8_0x8 *)pad;
                                 p->d[r] = 0;
@@ -1011,12 +1028,12 @@ static uint64_t scalar_digest(const kernel_set *ref, int verbose) {
         const int64_t rows = 13, cols = 2 * QK_K, nbr = 3; /* 2 groups, the second partial; 3 activation rows */
         int64_t xrow = pl_row_size(t->vec_dot_type, cols);
         float out[3 * 13];
-        random_blocks(type, q, rows * cols / QK, SCALES_NORMAL, &r);
+        random_blocks(type, q, rows * cols / t->block_size, SCALES_NORMAL, &r);
         uint8_t *packed = malloc((size_t)pl_packed_bytes(type, rows, cols));
         pl_pack_groups(type, q, rows, cols, packed, 0, 2);
         gaussian(x, nbr * cols, &r);
         ref->t[t->vec_dot_type].from_f32(x, xq, nbr * cols);
-        pl_packed_kernel_of(&ref->p, type)(packed, cols / QK, 0, 2, rows, xq, xrow, (int)nbr, out, rows);
+        pl_packed_kernel_of(&ref->p, type)(packed, cols / t->block_size, 0, 2, rows, xq, xrow, (int)nbr, out, rows);
         PART("gemm_packed", out, sizeof out);
         free(packed);
     }
