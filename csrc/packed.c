@@ -21,23 +21,34 @@ typedef char check_q4_1x8[sizeof(pl_block_q4_1x8) == 160 ? 1 : -1];
 typedef char check_q8_0x8[sizeof(pl_block_q8_0x8) == 272 ? 1 : -1];
 typedef char check_q5_0x8[sizeof(pl_block_q5_0x8) == 176 ? 1 : -1];
 typedef char check_q4_Kx8[sizeof(pl_block_q4_Kx8) == 1152 ? 1 : -1];
+typedef char check_q6_Kx8[sizeof(pl_block_q6_Kx8) == 1680 ? 1 : -1];
 
 pl_packed_kernels pl_packed = {pl_gemm_q4_1x8_scalar, pl_gemm_q5_0x8_scalar, pl_gemm_q8_0x8_scalar,
-                               pl_gemm_q4_Kx8_scalar};
+                               pl_gemm_q4_Kx8_scalar, pl_gemm_q6_Kx8_scalar};
 
 int pl_packed_type(int type) {
-    return type == PL_TYPE_Q4_1 || type == PL_TYPE_Q5_0 || type == PL_TYPE_Q8_0 || type == PL_TYPE_Q4_K;
+    return type == PL_TYPE_Q4_1 || type == PL_TYPE_Q5_0 || type == PL_TYPE_Q8_0 || type == PL_TYPE_Q4_K ||
+           type == PL_TYPE_Q6_K;
 }
 
 pl_packed_gemm_fn pl_packed_kernel_of(const pl_packed_kernels *k, int type) {
-    return type == PL_TYPE_Q4_1 ? k->q4_1 : type == PL_TYPE_Q5_0 ? k->q5_0 : type == PL_TYPE_Q4_K ? k->q4_K : k->q8_0;
+    switch (type) {
+    case PL_TYPE_Q4_1: return k->q4_1;
+    case PL_TYPE_Q5_0: return k->q5_0;
+    case PL_TYPE_Q4_K: return k->q4_K;
+    case PL_TYPE_Q6_K: return k->q6_K;
+    default: return k->q8_0;
+    }
 }
 
 static int64_t packed_block_size(int type) {
-    return type == PL_TYPE_Q4_1   ? (int64_t)sizeof(pl_block_q4_1x8)
-           : type == PL_TYPE_Q5_0 ? (int64_t)sizeof(pl_block_q5_0x8)
-           : type == PL_TYPE_Q4_K ? (int64_t)sizeof(pl_block_q4_Kx8)
-                                  : (int64_t)sizeof(pl_block_q8_0x8);
+    switch (type) {
+    case PL_TYPE_Q4_1: return (int64_t)sizeof(pl_block_q4_1x8);
+    case PL_TYPE_Q5_0: return (int64_t)sizeof(pl_block_q5_0x8);
+    case PL_TYPE_Q4_K: return (int64_t)sizeof(pl_block_q4_Kx8);
+    case PL_TYPE_Q6_K: return (int64_t)sizeof(pl_block_q6_Kx8);
+    default: return (int64_t)sizeof(pl_block_q8_0x8);
+    }
 }
 
 int64_t pl_packed_bytes(int type, int64_t rows, int64_t cols) {
@@ -97,12 +108,24 @@ static void pack_q4_K(const pl_block_q4_K *const src[PL_PACK_ROWS], pl_block_q4_
     }
 }
 
+/* ql and qh move in 4-byte runs, the scales a byte each. */
+static void pack_q6_K(const pl_block_q6_K *const src[PL_PACK_ROWS], pl_block_q6_Kx8 *dst) {
+    for (int r = 0; r < PL_PACK_ROWS; r++) {
+        dst->d[r] = src[r]->d;
+        for (int s = 0; s < 16; s++) dst->scales[s][r] = src[r]->scales[s];
+        for (int k = 0; k < 8; k++) {
+            for (int m = 0; m < 4; m++) memcpy(&dst->ql[256 * m + 32 * k + 4 * r], &src[r]->ql[32 * m + 4 * k], 4);
+            for (int h = 0; h < 2; h++) memcpy(&dst->qh[256 * h + 32 * k + 4 * r], &src[r]->qh[32 * h + 4 * k], 4);
+        }
+    }
+}
+
 int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *dst, int64_t g0, int64_t g1) {
     int64_t groups = (rows + PL_PACK_ROWS - 1) / PL_PACK_ROWS;
     if (pl_packed_bytes(type, rows, cols) < 0 || g0 < 0 || g1 < g0 || g1 > groups) return PL_ERR_ARGS;
     int64_t nb = cols / pl_traits(type)->block_size, row_bytes = pl_row_size(type, cols), bs = packed_block_size(type);
     /* Padding rows read a zero block: d = m = 0 and zero quants give exact zeros. */
-    static const uint8_t zero[sizeof(pl_block_q4_K)]; /* the largest of the source blocks */
+    static const uint8_t zero[sizeof(pl_block_q6_K)]; /* the largest of the source blocks */
     for (int64_t g = g0; g < g1; g++)
         for (int64_t b = 0; b < nb; b++) {
             const void *blk[PL_PACK_ROWS];
@@ -118,6 +141,8 @@ int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *
                 pack_q5_0((const pl_block_q5_0 *const *)blk, out);
             else if (type == PL_TYPE_Q4_K)
                 pack_q4_K((const pl_block_q4_K *const *)blk, out);
+            else if (type == PL_TYPE_Q6_K)
+                pack_q6_K((const pl_block_q6_K *const *)blk, out);
             else
                 pack_q8_0((const pl_block_q8_0 *const *)blk, out);
         }
@@ -242,11 +267,41 @@ void pl_gemm_q4_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g
             }
 }
 
+/* Row r's 6-bit element e (< 256) of a q6_Kx8 block: the low 4 bits from ql, the top 2 from qh. */
+static int q6_Kx8_element(const pl_block_q6_Kx8 *b, int r, int e) {
+    int h = e / 128, p = e / 32 % 2, high = e / 64 % 2, l = e % 32; /* l = 4k + i */
+    int lo = b->ql[256 * (2 * h + p) + 32 * (l / 4) + 4 * r + l % 4], hb = b->qh[256 * h + 32 * (l / 4) + 4 * r + l % 4];
+    return (high ? lo >> 4 : lo & 0xF) | (hb >> (4 * high + 2 * p) & 3) << 4;
+}
+
+void pl_gemm_q6_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy) {
+    const pl_block_q6_Kx8 *w = packed;
+    for (int64_t g = g0; g < g1; g++)
+        for (int r = 0; r < PL_PACK_ROWS && g * PL_PACK_ROWS + r < row_end; r++)
+            for (int t = 0; t < n; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)((const char *)x + t * x_stride);
+                float sd = 0.0f;
+                for (int64_t b = 0; b < nb; b++) {
+                    const pl_block_q6_Kx8 *wb = &w[g * nb + b];
+                    int isum = 0;
+                    for (int s = 0; s < 16; s++) {
+                        int sum = 0;
+                        for (int e = 16 * s; e < 16 * s + 16; e++) sum += q6_Kx8_element(wb, r, e) * xb[b].qs[e];
+                        isum += wb->scales[s][r] * (sum - 32 * xb[b].bsums[s]);
+                    }
+                    sd = fmaf((float)isum, F16(wb->d[r]) * xb[b].d, sd);
+                }
+                y[t * ldy + g * PL_PACK_ROWS + r] = sd;
+            }
+}
+
 void pl_install_packed_kernels(int isa) {
     pl_packed.q4_1 = pl_gemm_q4_1x8_scalar;
     pl_packed.q5_0 = pl_gemm_q5_0x8_scalar;
     pl_packed.q8_0 = pl_gemm_q8_0x8_scalar;
     pl_packed.q4_K = pl_gemm_q4_Kx8_scalar;
+    pl_packed.q6_K = pl_gemm_q6_Kx8_scalar;
     /* An AVX-512 machine runs the AVX2 kernels: see packed_avx2.c. */
     if (isa == PL_ISA_AVX2 || isa == PL_ISA_AVX512) pl_install_packed_avx2();
     if (isa == PL_ISA_NEON) pl_install_packed_neon();

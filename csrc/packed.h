@@ -32,6 +32,14 @@
  *     qs[1024]       qs[256c + 32k + 4r + i] = row r's qs[32c + 4k + i], c < 4, k < 8
  * (1,152 bytes, the 8 source blocks' size). Register (c, k) holds, per row, elements 4k..4k+3 of
  * sub-block 2c in its low nibbles and of sub-block 2c + 1 in its high ones.
+ * q6_Kx8 packs 8 rows' q6_K super-blocks the same way:
+ *     d[8]           f16
+ *     scales[16][8]  scales[s][r] = row r's int8 scale of sub-block s (16 elements)
+ *     ql[1024]       ql[256m + 32k + 4r + i] = row r's ql[32m + 4k + i], m < 4, k < 8
+ *     qh[512]        qh[256h + 32k + 4r + i] = row r's qh[32h + 4k + i], h < 2
+ * (1,680 bytes). Register (m = 2h + p, k) of ql holds, per row, the low 4 bits of elements
+ * 128h + 32p + 4k + i in its low nibbles and of 64 more in its high ones; their top 2 bits are bits
+ * 2p (low) and 4 + 2p (high) of the same bytes of qh register (h, k).
  *
  * The float-order contract. For each output (weight row r, activation row t), isum_b = Σ_e q_w·q_x
  * over block b is an exact int32 (|isum_b| < 2^24, so (float)isum_b is exact too), and
@@ -44,6 +52,9 @@
  *                   imin_b = Σ_j m_j·(bsums[2j] + bsums[2j+1]) over its 8 sub-blocks j (exact int32s):
  *                       sd = fmaf((float)isum_b, dw_b·dx_b, sd);  sm = fmaf((float)imin_b, dminw_b·dx_b, sm)
  *                   y = sd − sm
+ *     q6_K × q8_K:  sd = 0; for b in order, isum_b = Σ_s sc_s·(Σ_{e in s} q_w·q_x − 32·bsums[s]) over its 16
+ *                   sub-blocks s (q_w the unsigned 6-bit value 0..63; exact):
+ *                       sd = fmaf((float)isum_b, dw_b·dx_b, sd);  y = sd
  * where dw_b·dx_b is one rounded f32 product of the widened f16 weight scale and the activation's
  * scale (q8_1 and q8_K: its f32 d; q8_0: its widened f16 d), mw_b the widened f16 min, sx_b the q8_1 block's
  * f32 s. The scalar reference spells this with fmaf (compiled without contraction), the SIMD kernels
@@ -79,6 +90,13 @@ typedef struct {
     uint8_t qs[1024];                          /* 4 × 8 registers of 32 bytes */
 } pl_block_q4_Kx8;                             /* 1,152 bytes: 8 q4_K super-blocks */
 
+typedef struct {
+    uint16_t d[PL_PACK_ROWS];
+    int8_t scales[16][PL_PACK_ROWS];
+    uint8_t ql[1024];                          /* 4 × 8 registers of 32 bytes, see above */
+    uint8_t qh[512];                           /* 2 × 8 registers */
+} pl_block_q6_Kx8;                             /* 1,680 bytes: 8 q6_K super-blocks */
+
 /* Row r's 8 sub-block scales and mins of a q4_Kx8 block from its three words: word 0 (1) of sc holds
  * sub-blocks 0..3 (4..7), a byte each, as does mn for the mins; the arithmetic of
  * pl_get_scale_min_k4 on the 4 bytes of each word at once. The SIMD kernels do the same on 8 rows. */
@@ -91,17 +109,17 @@ static inline void pl_k4x8_scales(const pl_block_q4_Kx8 *b, int r, uint32_t sc[2
     mn[1] = ((u2 >> 4) & low4) | ((u1 >> 6) & top2) << 4;
 }
 
-/* Whether weights of this type can be packed: Q4_1, Q5_0, Q8_0, Q4_K. */
+/* Whether weights of this type can be packed: Q4_1, Q5_0, Q8_0, Q4_K, Q6_K. */
 int pl_packed_type(int type);
 /* Bytes of a packed (rows, cols) matrix, rows padded to a multiple of 8; -1 for a type that cannot
- * be packed or cols not whole blocks (32 elements, or 256 for q4_K). */
+ * be packed or cols not whole blocks (32 elements, or 256 for q4_K and q6_K). */
 int64_t pl_packed_bytes(int type, int64_t rows, int64_t cols);
 /* Repacks row groups [g0, g1) of src (rows × pl_row_size(type, cols) bytes, the file's layout) into
  * dst (pl_packed_bytes); a range of groups at a time, so that loading can split it over threads.
  * PL_OK, or PL_ERR_ARGS (nothing written) for a bad type, shape or group range. */
 int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *dst, int64_t g0, int64_t g1);
 /* y[t·ldy + r] = row r of W · activation row t, for r in [r0, r1) (r0 a multiple of 8, r1 ≤ rows)
- * and t < n. x: n rows of the type's vec_dot_type (q8_1 for q4_1, q8_0 for q5_0 and q8_0, q8_K for q4_K), x_stride bytes
+ * and t < n. x: n rows of the type's vec_dot_type (q8_1 for q4_1, q8_0 for q5_0 and q8_0, q8_K for q4_K and q6_K), x_stride bytes
  * apart. Bit-identical for any n, r0, r1 and ISA. PL_OK, or PL_ERR_ARGS (nothing written). */
 int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
                    const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
@@ -111,7 +129,7 @@ int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int
 typedef void (*pl_packed_gemm_fn)(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                                   const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
 typedef struct {
-    pl_packed_gemm_fn q4_1, q5_0, q8_0, q4_K;
+    pl_packed_gemm_fn q4_1, q5_0, q8_0, q4_K, q6_K;
 } pl_packed_kernels;
 extern pl_packed_kernels pl_packed;
 
@@ -123,6 +141,8 @@ void pl_gemm_q5_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g
 void pl_gemm_q8_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                            const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
 void pl_gemm_q4_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
+void pl_gemm_q6_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                            const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
 /* The kernel of a packable type in the table k. */
 pl_packed_gemm_fn pl_packed_kernel_of(const pl_packed_kernels *k, int type);

@@ -356,6 +356,79 @@ PL_TARGET_AVX2 static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int
         store_rows(y + t * ldy + j * PL_PACK_ROWS, _mm256_sub_ps(sd[j][t], sm[j][t]), rows_left - j * PL_PACK_ROWS);
 }
 
+/* ================================================================ q6_K × q8_K */
+
+/* The 8 rows' int8 scales of sub-blocks s0 and s1 as the i16 pair (sc_s0, sc_s1) of lane r. */
+PL_TARGET_AVX2 static inline __m256i q6_scale_pairs(const pl_block_q6_Kx8 *b, int s0, int s1) {
+    __m128i a = _mm_loadl_epi64((const __m128i *)b->scales[s0]), c = _mm_loadl_epi64((const __m128i *)b->scales[s1]);
+    return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, c));
+}
+
+/* Sub-block by sub-block as q4_K_tile, the 6-bit values completed from qh: a maddubs lane reaches
+ * 2·63·128, so two registers' products add up in i16 (≤ 32256) before each madd by the rows'
+ * scales. The −32 of every element comes in as −32·Σ_s sc_s·bsums[s], exact, the block's start. */
+PL_TARGET_AVX2 static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t nb, const int G, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+    __m256 sd[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_next(pf, pf_bytes, b);
+        __m256i isum[2][4];
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256i corr[4];
+            UNROLLED for (int t = 0; t < T; t++) corr[t] = _mm256_setzero_si256();
+            UNROLLED for (int m = 0; m < 8; m++) {
+                __m256i pairs = q6_scale_pairs(&w[j * nb + b], 2 * m, 2 * m + 1);
+                UNROLLED for (int t = 0; t < T; t++) {
+                    const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                    corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(pairs, dword_bcast((const int8_t *)(xb->bsums + 2 * m))));
+                }
+            }
+            UNROLLED for (int t = 0; t < T; t++) isum[j][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr[t], 5));
+        }
+        UNROLLED for (int h = 0; h < 2; h++) UNROLLED for (int s8 = 0; s8 < 8; s8++) { /* 16 loops GCC would not unroll */
+            const int s = 8 * h + s8, high = s8 / 4, p = s8 % 4 / 2, kq = s8 % 2;
+            __m256i acc[2][4], scale[2];
+            UNROLLED for (int j = 0; j < G; j++) scale[j] = q6_scale_pairs(&w[j * nb + b], s, s);
+            UNROLLED for (int kk = 0; kk < 4; kk++) {
+                const int k = 4 * kq + kk;
+                __m256i q[2];
+                UNROLLED for (int j = 0; j < G; j++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].ql + 256 * (2 * h + p) + 32 * k));
+                    __m256i hb = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qh + 256 * h + 32 * k));
+                    /* bits 2p (4 + 2p) of qh to bits 4, 5; what the 16-bit shifts carry across bytes is masked off */
+                    q[j] = high ? _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                                                  _mm256_and_si256(p ? _mm256_srli_epi16(hb, 2) : hb, top2))
+                                : _mm256_or_si256(_mm256_and_si256(v, low4),
+                                                  _mm256_and_si256(_mm256_slli_epi16(hb, 4 - 2 * p), top2));
+                }
+                UNROLLED for (int t = 0; t < T; t++) {
+                    const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                    __m256i xd = dword_bcast(xb->qs + 128 * h + 64 * high + 32 * p + 4 * k);
+                    UNROLLED for (int j = 0; j < G; j++) {
+                        __m256i prod = _mm256_maddubs_epi16(q[j], xd);
+                        acc[j][t] = kk % 2 == 0 ? prod : _mm256_add_epi16(acc[j][t], prod);
+                        IN_ORDER(acc[j][t]);
+                        if (kk % 2) isum[j][t] = _mm256_add_epi32(isum[j][t], _mm256_madd_epi16(acc[j][t], scale[j]));
+                    }
+                }
+            }
+        }
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
+                sd[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][t]), sc, sd[j][t]);
+            }
+        }
+    }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
+}
+
 /* NAME(packed, nb, g0, g1, row_end, x, xs, n, y, ldy) over TILE: one activation row with two groups
  * at a time (the last alone), more in tiles of 4 activation rows per group and one of the rest. The
  * first tile over a group prefetches the next groups of the range (prefetch_next). */
@@ -393,12 +466,14 @@ PACKED_GEMM(gemm_q4_1x8_avx2, pl_block_q4_1x8, q4_1_tile)
 PACKED_GEMM(gemm_q5_0x8_avx2, pl_block_q5_0x8, q5_0_tile)
 PACKED_GEMM(gemm_q8_0x8_avx2, pl_block_q8_0x8, q8_0_tile)
 PACKED_GEMM(gemm_q4_Kx8_avx2, pl_block_q4_Kx8, q4_K_tile)
+PACKED_GEMM(gemm_q6_Kx8_avx2, pl_block_q6_Kx8, q6_K_tile)
 
 int pl_install_packed_avx2(void) {
     pl_packed.q4_1 = gemm_q4_1x8_avx2;
     pl_packed.q5_0 = gemm_q5_0x8_avx2;
     pl_packed.q8_0 = gemm_q8_0x8_avx2;
     pl_packed.q4_K = gemm_q4_Kx8_avx2;
+    pl_packed.q6_K = gemm_q6_Kx8_avx2;
     return 1;
 }
 

@@ -271,6 +271,61 @@ static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const 
                    vsubq_f32(sd[j][t][1], sm[j][t][1]), rows_left - j * PL_PACK_ROWS);
 }
 
+/* ================================================================ q6_K × q8_K */
+
+/* As q4_K_tile: per half of the rows and sub-block (16 elements, 4 registers), the 6-bit values (valid
+ * signed bytes) against the activation give the sub-block's exact sums; the −32 of every element
+ * as −32·bsums[s] before the scale. */
+static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t nb, const int G, const char *x, int64_t xs,
+                                    const int T, float *y, int64_t ldy, int64_t rows_left) {
+    const uint8x16_t low4 = vdupq_n_u8(0x0F), top2 = vdupq_n_u8(0x30);
+    float32x4_t sd[2][4][2];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) UNROLLED for (int h = 0; h < 2; h++)
+        sd[j][t][h] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int half = 0; half < 2; half++) {
+            const pl_block_q6_Kx8 *wb = &w[j * nb + b];
+            int32x4_t isum[4];
+            UNROLLED for (int t = 0; t < T; t++) isum[t] = vdupq_n_s32(0);
+            for (int s = 0; s < 16; s++) { /* rolled, as q4_K_tile's */
+                const int h = s / 8, high = s % 8 / 4, p = s % 4 / 2, kq = s % 2;
+                int32x4_t sums[4];
+                int8x16_t xv[4]; /* the sub-block's 16 activation bytes: dword kk is register 4kq + kk's */
+                UNROLLED for (int t = 0; t < T; t++) {
+                    const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                    xv[t] = vld1q_s8(xb->qs + 128 * h + 64 * high + 32 * p + 16 * kq);
+                    sums[t] = vdupq_n_s32(0);
+                }
+#define REG(KK)                                                                                              \
+                {                                                                                            \
+                    const int k = 4 * kq + (KK);                                                             \
+                    uint8x16_t v = vld1q_u8(wb->ql + 256 * (2 * h + p) + 32 * k + 16 * half);                \
+                    uint8x16_t hb = vld1q_u8(wb->qh + 256 * h + 32 * k + 16 * half);                         \
+                    uint8x16_t lo4 = high ? vshrq_n_u8(v, 4) : vandq_u8(v, low4);                            \
+                    uint8x16_t hi2 = vandq_u8(vshlq_u8(hb, vdupq_n_s8(high ? -2 * p : 4 - 2 * p)), top2);   \
+                    int8x16_t q = vreinterpretq_s8_u8(vorrq_u8(lo4, hi2));                                   \
+                    UNROLLED for (int t = 0; t < T; t++) sums[t] = DOT4(sums[t], q, xv[t], KK);              \
+                }
+                FOR_CHUNKS4(REG)
+#undef REG
+                int32x4_t scale = vmovl_s16(vget_low_s16(vmovl_s8(vld1_s8(wb->scales[s] + 4 * half))));
+                UNROLLED for (int t = 0; t < T; t++) {
+                    const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                    int32x4_t centred = vsubq_s32(sums[t], vdupq_n_s32(32 * xb->bsums[s]));
+                    isum[t] = vmlaq_s32(isum[t], centred, scale);
+                }
+            }
+            float32x4_t dw = f16x4(wb->d + 4 * half);
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                sd[j][t][half] = vfmaq_f32(sd[j][t][half], vcvtq_f32_s32(isum[t]), vmulq_f32(dw, vdupq_n_f32(xb->d)));
+            }
+        }
+    }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t][0], sd[j][t][1], rows_left - j * PL_PACK_ROWS);
+}
+
 /* As packed_avx2.c's driver: two groups at a time for one activation row, else tiles of 4 rows. */
 #define PACKED_GEMM(NAME, BLOCK, TILE)                                                                      \
     static void NAME(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end, const void *vx, \
@@ -301,12 +356,14 @@ PACKED_GEMM(gemm_q4_1x8_neon, pl_block_q4_1x8, q4_1_tile)
 PACKED_GEMM(gemm_q5_0x8_neon, pl_block_q5_0x8, q5_0_tile)
 PACKED_GEMM(gemm_q8_0x8_neon, pl_block_q8_0x8, q8_0_tile)
 PACKED_GEMM(gemm_q4_Kx8_neon, pl_block_q4_Kx8, q4_K_tile)
+PACKED_GEMM(gemm_q6_Kx8_neon, pl_block_q6_Kx8, q6_K_tile)
 
 int pl_install_packed_neon(void) {
     pl_packed.q4_1 = gemm_q4_1x8_neon;
     pl_packed.q5_0 = gemm_q5_0x8_neon;
     pl_packed.q8_0 = gemm_q8_0x8_neon;
     pl_packed.q4_K = gemm_q4_Kx8_neon;
+    pl_packed.q6_K = gemm_q6_Kx8_neon;
     return 1;
 }
 

@@ -18,11 +18,11 @@ from pyllm.dtypes import WeightType as W
 from test_quants import (ACTIVATION_OF, ISAS, block_size, dot_tolerance, gaussian, np_dequantize, random_blocks,
                          type_size)
 
-PACKED_TYPES = [W.Q4_1, W.Q5_0, W.Q8_0, W.Q4_K]
+PACKED_TYPES = [W.Q4_1, W.Q5_0, W.Q8_0, W.Q4_K, W.Q6_K]
 
 
 def some_cols(t: W, cols: int) -> int:
-    """cols, or the next whole number of the type's blocks (q4_K's super-blocks are 256)."""
+    """cols, or the next whole number of the type's blocks (the k-quants' super-blocks are 256)."""
     return -(-cols // block_size(t)) * block_size(t)
 
 
@@ -93,6 +93,15 @@ def unpack(t: W, packed: np.ndarray, rows: int, cols: int) -> np.ndarray:
         file_qs = qs.transpose(0, 4, 1, 2, 3, 5).reshape(groups, 8, nb, 128)
         blocks = np.concatenate([d.transpose(0, 2, 1, 3), dmin.transpose(0, 2, 1, 3),
                                  scales.transpose(0, 2, 1, 3), file_qs], axis=3)
+    elif t == W.Q6_K:  # d[8] (f16), scales[16][8] (int8), ql[1024], qh[512]: ql[256m + 32k + 4r + i] = the
+        p = packed.reshape(groups, nb, 1680)  # row's ql[32m + 4k + i], qh[256h + 32k + 4r + i] its qh[32h + 4k + i]
+        d = p[:, :, 0:16].reshape(groups, nb, 8, 2)
+        scales = p[:, :, 16:144].reshape(groups, nb, 16, 8)                  # g, b, s, r
+        ql = p[:, :, 144:1168].reshape(groups, nb, 4, 8, 8, 4)              # g, b, m, k, r, i
+        qh = p[:, :, 1168:].reshape(groups, nb, 2, 8, 8, 4)                 # g, b, h, k, r, i
+        file_ql = ql.transpose(0, 4, 1, 2, 3, 5).reshape(groups, 8, nb, 128)
+        file_qh = qh.transpose(0, 4, 1, 2, 3, 5).reshape(groups, 8, nb, 64)
+        blocks = np.concatenate([file_ql, file_qh, scales.transpose(0, 3, 1, 2), d.transpose(0, 2, 1, 3)], axis=3)
     else:  # d[8] (f16), qs[256]: qs[32k + 4r + i] = q[r][4k + i]
         p = packed.reshape(groups, nb, 272)
         d = p[:, :, 0:16].reshape(groups, nb, 8, 2)

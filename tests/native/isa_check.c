@@ -622,6 +622,17 @@ static void unpack_group(int type, const void *packed, int64_t rows, int64_t col
                 for (int c = 0; c < 4; c++)
                     for (int k = 0; k < 8; k++)
                         for (int i = 0; i < 4; i++) o->qs[32 * c + 4 * k + i] = p->qs[256 * c + 32 * k + 4 * r + i];
+            } else if (type == PL_TYPE_Q6_K) {
+                const pl_block_q6_Kx8 *p = (const pl_block_q6_Kx8 *)packed + g * nb + b;
+                pl_block_q6_K *o = (pl_block_q6_K *)out + b;
+                o->d = p->d[r];
+                for (int sb = 0; sb < 16; sb++) o->scales[sb] = p->scales[sb][r];
+                /* register (m, k) of ql: row r's ql[32m + 4k ..]; (h, k) of qh: its qh[32h + 4k ..] */
+                for (int k = 0; k < 8; k++)
+                    for (int i = 0; i < 4; i++) {
+                        for (int m = 0; m < 4; m++) o->ql[32 * m + 4 * k + i] = p->ql[256 * m + 32 * k + 4 * r + i];
+                        for (int h = 0; h < 2; h++) o->qh[32 * h + 4 * k + i] = p->qh[256 * h + 32 * k + 4 * r + i];
+                    }
             } else {
                 const pl_block_q8_0x8 *p = (const pl_block_q8_0x8 *)packed + g * nb + b;
                 pl_block_q8_0 *o = (pl_block_q8_0 *)out + b;
@@ -673,7 +684,7 @@ static void check_packed(ctx_t *c, int type) {
                 snprintf(what, sizeof what, "%lld x %lld, %s scales, unpacked", (long long)rows, (long long)cols, scales);
                 same_bytes(sl, what, back, w, (size_t)(rows * row_bytes));
                 if (rows % PL_PACK_ROWS) { /* the padding rows of the last group: zero blocks */
-                    uint8_t zero[sizeof(pl_block_q4_Kx8)] = {0}, pad[sizeof(pl_block_q4_Kx8)];
+                    uint8_t zero[sizeof(pl_block_q6_Kx8)] = {0}, pad[sizeof(pl_block_q6_Kx8)];
                     int64_t padded = groups * PL_PACK_ROWS;
                     for (int64_t b = 0; b < nb; b++) {
                         int64_t bs = pl_packed_bytes(type, 8, elems);
@@ -694,6 +705,12 @@ static void check_packed(ctx_t *c, int type) {
                                 p->d[r] = p->dmin[r] = 0;
                                 p->scales[0][r] = p->scales[1][r] = p->scales[2][r] = 0;
                                 for (int k = 0; k < 32; k++) memset(&p->qs[32 * k + 4 * r], 0, 4);
+                            } else if (type == PL_TYPE_Q6_K) {
+                                pl_block_q6_Kx8 *p = (pl_block_q6_Kx8 *)pad;
+                                p->d[r] = 0;
+                                for (int sb = 0; sb < 16; sb++) p->scales[sb][r] = 0;
+                                for (int k = 0; k < 32; k++) memset(&p->ql[32 * k + 4 * r], 0, 4);
+                                for (int k = 0; k < 16; k++) memset(&p->qh[32 * k + 4 * r], 0, 4);
                             } else {
                                 pl_block_q8_0x8 *p = (pl_block_q8_0x8 *)pad;
                                 p->d[r] = 0;
