@@ -90,7 +90,8 @@ PL_TARGET_AVX2 static inline void prefetch_next(const char *pf, int64_t pf_bytes
  * and high nibbles) add up in i16 (≤ 30480) before the one pair_sums. */
 PL_TARGET_AVX2 static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t nb, const int G, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
-                                                   const char *pf, int64_t pf_bytes) {
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    (void)off;
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     __m256 sd[2][4];
     UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
@@ -143,7 +144,8 @@ PL_TARGET_AVX2 static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int
  * |w|·sign(x, w). Pairs reach 2·128·127, so each maddubs goes to i32 through its own madd. */
 PL_TARGET_AVX2 static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const int G, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
-                                                   const char *pf, int64_t pf_bytes) {
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    (void)off;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 sd[2][4];
     UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
@@ -181,14 +183,30 @@ PL_TARGET_AVX2 static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int
 
 /* ================================================================ q5_0 × q8_0 */
 
+/* −16·Σx of activation block b of row t to off[t·nb + b], for rows rows: the exact i32 that
+ * turns q5_0_tile's unsigned products into Σ(q − 16)·x, shared by every group of the call. */
+PL_TARGET_AVX2 static void q5_0_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t *off) {
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    for (int t = 0; t < rows; t++)
+        for (int64_t b = 0; b < nb; b++) {
+            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+            __m256i s8 = _mm256_maddubs_epi16(ones8, _mm256_loadu_si256((const __m256i *)xb->qs));
+            __m128i s = _mm_add_epi16(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            s = _mm_madd_epi16(s, _mm_set1_epi16(-16));
+            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+            off[t * nb + b] = _mm_cvtsi128_si32(s);
+        }
+}
+
 /* q (0..31) unsigned against the signed activation, as maddubs wants it; the −16 of every element
- * comes off the block's integer sum as 16·Σx, an exact int32 shared by the 8 rows. A maddubs lane
- * is at most 2·31·128 = 7936 in magnitude: 4 of them (two chunks, low and high elements) add up in
- * i16 (≤ 31744), so a block is two i16 partial sums, each widened by pair_sums. */
+ * comes off the block's integer sum as off[t·nb + b] (q5_0_offsets), an exact int32 shared by the 8
+ * rows. A maddubs lane is at most 2·31·128 = 7936 in magnitude: 4 of them (two chunks, low and high
+ * elements) add up in i16 (≤ 31744), so a block is two i16 partial sums, each widened by pair_sums. */
 PL_TARGET_AVX2 static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t nb, const int G, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
-                                                   const char *pf, int64_t pf_bytes) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10), ones8 = _mm256_set1_epi8(1);
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
     __m256 sd[2][4];
     UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -196,16 +214,8 @@ PL_TARGET_AVX2 static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int
         __m256i acc[2][4], qh[2];
         UNROLLED for (int j = 0; j < G; j++) qh[j] = _mm256_loadu_si256((const __m256i *)w[j * nb + b].qh);
         UNROLLED for (int t = 0; t < T; t++) {
-            /* −16·Σx in every lane: the activation's bytes summed (exact in any order). Redone for
-             * every group: ~18% of a batch's time here (measured by leaving it out); summing each
-             * activation block once per call would need scratch of n·nb int32 */
-            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
-            __m256i s8 = _mm256_maddubs_epi16(ones8, _mm256_loadu_si256((const __m256i *)xb->qs));
-            __m128i s = _mm_add_epi16(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-            s = _mm_madd_epi16(s, _mm_set1_epi16(-16));
-            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-            UNROLLED for (int j = 0; j < G; j++) acc[j][t] = _mm256_broadcastd_epi32(s);
+            __m256i start = _mm256_set1_epi32(off[t * nb + b]);
+            UNROLLED for (int j = 0; j < G; j++) acc[j][t] = start;
         }
         UNROLLED for (int half = 0; half < 2; half++) {
             __m256i p[2][4];
@@ -285,7 +295,8 @@ PL_TARGET_AVX2 static inline void k4_bsum_pairs(const pl_block_q8_K *x, __m256i 
  * registers. The mins' share runs as a second loop, as q4_1's. */
 PL_TARGET_AVX2 static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const int G, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
-                                                   const char *pf, int64_t pf_bytes) {
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    (void)off;
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     __m256 sd[2][4];
     UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
@@ -369,7 +380,8 @@ PL_TARGET_AVX2 static inline __m256i q6_scale_pairs(const pl_block_q6_Kx8 *b, in
  * scales. The −32 of every element comes in as −32·Σ_s sc_s·bsums[s], exact, the block's start. */
 PL_TARGET_AVX2 static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t nb, const int G, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
-                                                   const char *pf, int64_t pf_bytes) {
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    (void)off;
     const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
     __m256 sd[2][4];
     UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
@@ -429,14 +441,44 @@ PL_TARGET_AVX2 static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int
         store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
 }
 
-/* NAME(packed, nb, g0, g1, row_end, x, xs, n, y, ldy) over TILE: one activation row with two groups
- * at a time (the last alone), more in tiles of 4 activation rows per group and one of the rest. The
- * first tile over a group prefetches the next groups of the range (prefetch_next). */
-#define PACKED_GEMM(NAME, BLOCK, TILE)                                                                      \
+/* Ints of stack for the activation offsets of a call (q5_0_offsets): 32 KiB, rows of them at a time. */
+enum { OFFSET_INTS = 8192 };
+/* For the types whose tiles take no offsets. */
+static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t *off) {
+    (void)x, (void)xs, (void)nb, (void)rows, (void)off;
+}
+
+/* NAME(packed, nb, g0, g1, row_end, x, xs, n, y, ldy) over NAME_part. OFFSETS (where NEEDS is 1)
+ * makes what the tiles need of each activation block first, on the stack for as many rows as
+ * OFFSET_INTS holds (every row of a prefill but of the widest matrices, whose groups then pass over
+ * the rows in parts). A row wider than that (over 262,144 columns) goes to SCALAR, the reference
+ * whose bits every kernel gives. */
+#define PACKED_GEMM(NAME, OFFSETS, NEEDS, SCALAR)                                                            \
     PL_TARGET_AVX2 static void NAME(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end, \
                                     const void *vx, int64_t xs, int n, float *y, int64_t ldy) {           \
+        int32_t off[OFFSET_INTS];                                                                         \
+        int64_t fit = NEEDS ? OFFSET_INTS / nb : n;                                                       \
+        if (fit == 0) {                                                                                   \
+            SCALAR(packed, nb, g0, g1, row_end, vx, xs, n, y, ldy);                                       \
+            return;                                                                                       \
+        }                                                                                                 \
+        int part = fit >= n ? n : fit >= 4 ? (int)(fit / 4 * 4) : (int)fit;                              \
+        for (int t0 = 0; t0 < n; t0 += part) {                                                            \
+            int m = n - t0 < part ? n - t0 : part;                                                        \
+            const char *x = (const char *)vx + t0 * xs;                                                   \
+            OFFSETS(x, xs, nb, m, off);                                                                   \
+            NAME##_part(packed, nb, g0, g1, row_end, x, xs, m, y + t0 * ldy, ldy, off);                   \
+        }                                                                                                 \
+    }
+
+/* NAME_part over TILE: one activation row with two groups at a time (the last alone), more in tiles
+ * of 4 activation rows per group and one of the rest. The first tile over a group prefetches the
+ * next groups of the range (prefetch_next). off: the rows' offsets, nb a row. */
+#define PACKED_GEMM_PART(NAME, BLOCK, TILE)                                                                 \
+    PL_TARGET_AVX2 static void NAME##_part(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end, \
+                                           const char *x, int64_t xs, int n, float *y, int64_t ldy,       \
+                                           const int32_t *off) {                                          \
         const BLOCK *w = packed;                                                                          \
-        const char *x = vx;                                                                               \
         for (int64_t g = g0; g < g1;) {                                                                   \
             const BLOCK *wg = w + g * nb;                                                                 \
             float *yg = y + g * PL_PACK_ROWS;                                                             \
@@ -446,27 +488,31 @@ PL_TARGET_AVX2 static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int
             const char *pf = (const char *)(wg + G * nb);                                                 \
             int64_t pf_bytes = ahead * (int64_t)sizeof(BLOCK);                                            \
             if (G == 2) {                                                                                 \
-                TILE(wg, nb, 2, x, xs, 1, yg, ldy, left, pf, pf_bytes);                                   \
+                TILE(wg, nb, 2, x, xs, 1, yg, ldy, left, pf, pf_bytes, off);                              \
                 g += 2;                                                                                   \
                 continue;                                                                                 \
             }                                                                                             \
             int t = 0;                                                                                    \
             for (; t + 4 <= n; t += 4, pf_bytes = 0)                                                      \
-                TILE(wg, nb, 1, x + t * xs, xs, 4, yg + t * ldy, ldy, left, pf, pf_bytes);                \
+                TILE(wg, nb, 1, x + t * xs, xs, 4, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb);  \
             switch (n - t) {                                                                              \
-            case 3: TILE(wg, nb, 1, x + t * xs, xs, 3, yg + t * ldy, ldy, left, pf, pf_bytes); break;     \
-            case 2: TILE(wg, nb, 1, x + t * xs, xs, 2, yg + t * ldy, ldy, left, pf, pf_bytes); break;     \
-            case 1: TILE(wg, nb, 1, x + t * xs, xs, 1, yg + t * ldy, ldy, left, pf, pf_bytes); break;     \
+            case 3: TILE(wg, nb, 1, x + t * xs, xs, 3, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
+            case 2: TILE(wg, nb, 1, x + t * xs, xs, 2, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
+            case 1: TILE(wg, nb, 1, x + t * xs, xs, 1, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
             }                                                                                             \
             g++;                                                                                          \
         }                                                                                                 \
     }
 
-PACKED_GEMM(gemm_q4_1x8_avx2, pl_block_q4_1x8, q4_1_tile)
-PACKED_GEMM(gemm_q5_0x8_avx2, pl_block_q5_0x8, q5_0_tile)
-PACKED_GEMM(gemm_q8_0x8_avx2, pl_block_q8_0x8, q8_0_tile)
-PACKED_GEMM(gemm_q4_Kx8_avx2, pl_block_q4_Kx8, q4_K_tile)
-PACKED_GEMM(gemm_q6_Kx8_avx2, pl_block_q6_Kx8, q6_K_tile)
+#define PACKED_KERNEL(NAME, BLOCK, TILE, OFFSETS, NEEDS, SCALAR) \
+    PACKED_GEMM_PART(NAME, BLOCK, TILE)                         \
+    PACKED_GEMM(NAME, OFFSETS, NEEDS, SCALAR)
+
+PACKED_KERNEL(gemm_q4_1x8_avx2, pl_block_q4_1x8, q4_1_tile, no_offsets, 0, pl_gemm_q4_1x8_scalar)
+PACKED_KERNEL(gemm_q5_0x8_avx2, pl_block_q5_0x8, q5_0_tile, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
+PACKED_KERNEL(gemm_q8_0x8_avx2, pl_block_q8_0x8, q8_0_tile, no_offsets, 0, pl_gemm_q8_0x8_scalar)
+PACKED_KERNEL(gemm_q4_Kx8_avx2, pl_block_q4_Kx8, q4_K_tile, no_offsets, 0, pl_gemm_q4_Kx8_scalar)
+PACKED_KERNEL(gemm_q6_Kx8_avx2, pl_block_q6_Kx8, q6_K_tile, no_offsets, 0, pl_gemm_q6_Kx8_scalar)
 
 int pl_install_packed_avx2(void) {
     pl_packed.q4_1 = gemm_q4_1x8_avx2;

@@ -174,6 +174,21 @@ def test_packed_gemm_of_every_isa_equals_scalar_bit_for_bit(t, extreme, isa):
     np.testing.assert_array_equal(bits(got), bits(want))
 
 
+@pytest.mark.parametrize("isa", [i for i in ISAS if i != "scalar"] or ["scalar"], indirect=True)
+@pytest.mark.parametrize("cols,n", [(1536, 300), (262176, 2)], ids=["batch-in-parts", "wider-than-the-stack"])
+@pytest.mark.parametrize("t", PACKED_TYPES, ids=lambda t: t.name)
+def test_packed_gemm_of_long_batches_and_wide_rows_equals_scalar(t, cols, n, isa):
+    # The AVX2 q5_0 kernel sums each activation block once per call into 8,192 ints of stack: 300 rows
+    # of 48 blocks pass over the groups in two parts, and a row of 8,193 blocks goes to the reference.
+    rows, cols = 9, some_cols(t, cols)
+    w = weight_matrix(t, rows, cols, seed=40 + int(t))
+    packed = _core.pack_weights(int(t), w, rows, cols)
+    x = activations(n, cols, seed=13)
+    got = _core.gemm_packed(int(t), packed, rows, cols, x)
+    _core.set_isa("scalar")
+    np.testing.assert_array_equal(bits(got), bits(_core.gemm_packed(int(t), packed, rows, cols, x)))
+
+
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
 @pytest.mark.parametrize("t", PACKED_TYPES, ids=lambda t: t.name)
 def test_packed_gemm_agrees_with_vec_dot_within_the_quant_dot_tolerance(t, isa):
