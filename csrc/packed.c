@@ -160,7 +160,8 @@ int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int
         return PL_OK;
     }
     pl_packed_gemm_fn kernel = pl_packed_kernel_of(&pl_packed, type);
-    kernel(packed, cols / pl_traits(type)->block_size, r0 / PL_PACK_ROWS, (r1 + PL_PACK_ROWS - 1) / PL_PACK_ROWS, r1, x, x_stride, n, y, ldy);
+    int64_t nb = cols / pl_traits(type)->block_size;
+    kernel(packed, nb, r0 / PL_PACK_ROWS, (r1 + PL_PACK_ROWS - 1) / PL_PACK_ROWS, r1, x, x_stride, n, y, ldy);
     return PL_OK;
 }
 
@@ -256,9 +257,9 @@ void pl_gemm_q4_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g
                                 int q = wb->qs[256 * c + 32 * k + 4 * r + i];
                                 s += (h ? q >> 4 : q & 0xF) * xb[b].qs[64 * c + 32 * h + 4 * k + i];
                             }
-                        int scale = (int)(sc[j / 4] >> (8 * (j % 4)) & 0xFF), min = (int)(mn[j / 4] >> (8 * (j % 4)) & 0xFF);
-                        isum += scale * s;
-                        imin += min * (xb[b].bsums[2 * j] + xb[b].bsums[2 * j + 1]);
+                        int shift = 8 * (j % 4);
+                        isum += (int)(sc[j / 4] >> shift & 0xFF) * s;
+                        imin += (int)(mn[j / 4] >> shift & 0xFF) * (xb[b].bsums[2 * j] + xb[b].bsums[2 * j + 1]);
                     }
                     sd = fmaf((float)isum, F16(wb->d[r]) * xb[b].d, sd);
                     sm = fmaf((float)imin, F16(wb->dmin[r]) * xb[b].d, sm);
@@ -270,7 +271,8 @@ void pl_gemm_q4_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g
 /* Row r's 6-bit element e (< 256) of a q6_Kx8 block: the low 4 bits from ql, the top 2 from qh. */
 static int q6_Kx8_element(const pl_block_q6_Kx8 *b, int r, int e) {
     int h = e / 128, p = e / 32 % 2, high = e / 64 % 2, l = e % 32; /* l = 4k + i */
-    int lo = b->ql[256 * (2 * h + p) + 32 * (l / 4) + 4 * r + l % 4], hb = b->qh[256 * h + 32 * (l / 4) + 4 * r + l % 4];
+    int at = 32 * (l / 4) + 4 * r + l % 4; /* register l / 4, row r, byte l % 4 */
+    int lo = b->ql[256 * (2 * h + p) + at], hb = b->qh[256 * h + at];
     return (high ? lo >> 4 : lo & 0xF) | (hb >> (4 * high + 2 * p) & 3) << 4;
 }
 

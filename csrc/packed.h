@@ -42,7 +42,8 @@
  * 2p (low) and 4 + 2p (high) of the same bytes of qh register (h, k).
  *
  * The float-order contract. For each output (weight row r, activation row t), isum_b = Σ_e q_w·q_x
- * over block b is an exact int32 (|isum_b| < 2^24, so (float)isum_b is exact too), and
+ * over block b is an exact int32 (for blocks of 32 |isum_b| < 2^24, so (float)isum_b is exact too;
+ * a k-quant super-block's can pass 2^24 and (float) rounds it to nearest, alike on every ISA), and
  *     q4_1 × q8_1:  sd = 0, sm = 0; for b = 0 .. nb-1 in order:
  *                       sd = fmaf((float)isum_b, dw_b·dx_b, sd);  sm = fmaf(mw_b, sx_b, sm)
  *                   y = sd + sm
@@ -119,7 +120,8 @@ int64_t pl_packed_bytes(int type, int64_t rows, int64_t cols);
  * PL_OK, or PL_ERR_ARGS (nothing written) for a bad type, shape or group range. */
 int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *dst, int64_t g0, int64_t g1);
 /* y[t·ldy + r] = row r of W · activation row t, for r in [r0, r1) (r0 a multiple of 8, r1 ≤ rows)
- * and t < n. x: n rows of the type's vec_dot_type (q8_1 for q4_1, q8_0 for q5_0 and q8_0, q8_K for q4_K and q6_K), x_stride bytes
+ * and t < n. x: n rows of the type's vec_dot_type (q8_1 for q4_1, q8_0 for q5_0 and q8_0, q8_K for the
+ * k-quants), x_stride bytes
  * apart. Bit-identical for any n, r0, r1 and ISA. PL_OK, or PL_ERR_ARGS (nothing written). */
 int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
                    const void *x, int64_t x_stride, int n, float *y, int64_t ldy);

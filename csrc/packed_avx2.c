@@ -267,14 +267,16 @@ PL_TARGET_AVX2 static inline void k4x8_words(const pl_block_q4_Kx8 *b, __m256i *
     __m256i u2 = _mm256_loadu_si256((const __m256i *)b->scales[2]);
     if (mins) u2 = _mm256_srli_epi32(u2, 4);
     *w0 = _mm256_and_si256(u0, low6);
-    *w1 = _mm256_or_si256(_mm256_and_si256(u2, low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), top2), 4));
+    __m256i top = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), top2), 4);
+    *w1 = _mm256_or_si256(_mm256_and_si256(u2, low4), top);
 }
 
 /* Byte s of each dword in both of its i16 halves: lane r = (x, x), what madd multiplies a lane's
  * two i16 partial sums by to give x·(their sum) in i32. */
-#define BYTE_BOTH_HALVES(s)                                                                                   \
-    _mm256_setr_epi8((s), -1, (s), -1, 4 + (s), -1, 4 + (s), -1, 8 + (s), -1, 8 + (s), -1, 12 + (s), -1, 12 + (s), \
-                     -1, (s), -1, (s), -1, 4 + (s), -1, 4 + (s), -1, 8 + (s), -1, 8 + (s), -1, 12 + (s), -1, 12 + (s), -1)
+#define BYTE_BOTH_HALVES(s)                                                                            \
+    _mm256_setr_epi8((s), -1, (s), -1, 4 + (s), -1, 4 + (s), -1, 8 + (s), -1, 8 + (s), -1, 12 + (s), -1, \
+                     12 + (s), -1, (s), -1, (s), -1, 4 + (s), -1, 4 + (s), -1, 8 + (s), -1, 8 + (s), -1,  \
+                     12 + (s), -1, 12 + (s), -1)
 
 /* The activation's 8 sub-block sums as the dwords madd pairs with the mins: (bs0, bs2), (bs1, bs3),
  * (bs4, bs6), (bs5, bs7) in pairs[0..3], each broadcast. */
@@ -395,12 +397,15 @@ PL_TARGET_AVX2 static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int
                 __m256i pairs = q6_scale_pairs(&w[j * nb + b], 2 * m, 2 * m + 1);
                 UNROLLED for (int t = 0; t < T; t++) {
                     const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
-                    corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(pairs, dword_bcast((const int8_t *)(xb->bsums + 2 * m))));
+                    __m256i bsums = dword_bcast((const int8_t *)(xb->bsums + 2 * m)); /* bsums 2m, 2m + 1 */
+                    corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(pairs, bsums));
                 }
             }
-            UNROLLED for (int t = 0; t < T; t++) isum[j][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr[t], 5));
+            UNROLLED for (int t = 0; t < T; t++)
+                isum[j][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr[t], 5));
         }
-        UNROLLED for (int h = 0; h < 2; h++) UNROLLED for (int s8 = 0; s8 < 8; s8++) { /* 16 loops GCC would not unroll */
+        /* two loops of 8: GCC would not unroll one of 16 */
+        UNROLLED for (int h = 0; h < 2; h++) UNROLLED for (int s8 = 0; s8 < 8; s8++) {
             const int s = 8 * h + s8, high = s8 / 4, p = s8 % 4 / 2, kq = s8 % 2;
             __m256i acc[2][4], scale[2];
             UNROLLED for (int j = 0; j < G; j++) scale[j] = q6_scale_pairs(&w[j * nb + b], s, s);
