@@ -61,11 +61,11 @@ def test_a_q8_0_file_s_packed_matrices_give_the_same_bits(tmp_path, kv_dtype):
     assert np.corrcoef(whole, reference)[0, 1] > 0.99
 
 
-@pytest.mark.parametrize("wtype", [2, 3, 8], ids=["q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("wtype", [2, 3, 6, 8, 12, 14], ids=["q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q6_K"])
 @pytest.mark.parametrize("threads", [1, 3])
 def test_the_engine_s_matmul_on_packed_weights_is_the_kernel_s_for_any_split(wtype, threads):
     rng = np.random.default_rng(6)
-    rows, cols = 45, 96
+    rows, cols = 45, 512  # whole k-quant super-blocks
     w = _core.from_f32(wtype, rng.standard_normal(rows * cols).astype(np.float32))
     x = rng.standard_normal((9, cols)).astype(np.float32)
     packed = _core.matmul(wtype, w, rows, cols, x, threads=threads, blas=False, packed=True)
