@@ -21,6 +21,9 @@ typedef struct {
     const pl_trace *trace; /* or NULL */
     int trace_row;    /* the trace row of this chunk's first token */
     pl_state *const *seqs; /* a batched decode step: row t is the next token of seqs[t]; else NULL */
+    int own_rows;     /* one token (a decode step): each thread keeps its own copy of the residual
+                         row and its normed row (x's and xn's row ith), so that it needs no barrier
+                         to norm them and start the next matmul */
 } forward_args;
 
 /* Where row t of the batch belongs: its sequence and its position there. Without seqs every row
@@ -43,22 +46,19 @@ static inline pl_kv_view layer_cache(const pl_state *s, const pl_model *m, int l
     return kv;
 }
 
-/* Row t's key and value, computed into the staging rows, into its sequence's cache head by head,
- * in the cache's type (a q8_0 head row is whole blocks: pl_kv_type_fits). */
-static void store_kv(const forward_args *a, int l, int t, const float *k, const float *v) {
+/* KV head g of row t's key and value, computed into the staging rows, into its sequence's cache, in
+ * the cache's type (a q8_0 head row is whole blocks: pl_kv_type_fits). */
+static void store_kv(const forward_args *a, int l, int t, int g, const float *k, const float *v) {
     const pl_model *m = a->m;
     pl_state *q = seq_of(a, t);
     const int hd = m->head_dim, pos = pos_of(a, t);
-    const pl_type_traits *ct = pl_traits(q->kv_type);
-    for (int g = 0; g < m->n_kv_heads; g++) {
-        void *kc = cache_at(q, m, 0, l, g, pos), *vc = cache_at(q, m, 1, l, g, pos);
-        if (q->kv_type == PL_TYPE_F32) {
-            memcpy(kc, k + g * hd, (size_t)hd * sizeof *k);
-            memcpy(vc, v + g * hd, (size_t)hd * sizeof *v);
-        } else {
-            ct->from_f32(k + g * hd, kc, hd);
-            ct->from_f32(v + g * hd, vc, hd);
-        }
+    void *kc = cache_at(q, m, 0, l, g, pos), *vc = cache_at(q, m, 1, l, g, pos);
+    if (q->kv_type == PL_TYPE_F32) {
+        memcpy(kc, k + g * hd, (size_t)hd * sizeof *k);
+        memcpy(vc, v + g * hd, (size_t)hd * sizeof *v);
+    } else {
+        pl_traits(q->kv_type)->from_f32(k + g * hd, kc, hd);
+        pl_traits(q->kv_type)->from_f32(v + g * hd, vc, hd);
     }
 }
 
@@ -71,6 +71,11 @@ static void trace_rows(const forward_args *a, float *buf, const float *src, int6
         memcpy(buf + (int64_t)(a->trace_row + t) * width, src + (int64_t)t * width, (size_t)width * sizeof *src);
 }
 
+/* The first token this thread computes the residual rows of, and the row of x (and xn) token t's
+ * goes to: tokens t % nth == ith in their own rows, or with own_rows the one token in row ith. */
+static inline int first_token(const forward_args *a, int ith) { return a->own_rows ? 0 : ith; }
+static inline int64_t row_of(const forward_args *a, int t, int ith) { return a->own_rows ? ith : t; }
+
 /* x = tok_embd[token] · embed_scale (+ pos_embd[pos]) for this thread's tokens. */
 static void embed(const forward_args *a, int ith, int nth) {
     const pl_model *m = a->m;
@@ -78,8 +83,8 @@ static void embed(const forward_args *a, int ith, int nth) {
     const pl_type_traits *et = pl_traits(m->tok_embd.type);
     const int64_t erow = pl_row_size(m->tok_embd.type, m->dim);
     float *pos_row = s->pos_row + (int64_t)ith * m->dim;
-    for (int t = ith; t < a->n; t += nth) {
-        float *x = s->x + (int64_t)t * m->dim;
+    for (int t = first_token(a, ith); t < a->n; t += nth) {
+        float *x = s->x + row_of(a, t, ith) * m->dim;
         et->to_f32((const char *)m->tok_embd.data + (int64_t)a->tokens[t] * erow, x, m->dim);
         if (m->embed_scale != 1.0f)
             for (int i = 0; i < m->dim; i++) x[i] *= m->embed_scale;
@@ -94,19 +99,38 @@ static void embed(const forward_args *a, int ith, int nth) {
 }
 
 /* out = norm(in) for rows [t0, n) of width dim, this thread's share. Row t belongs to thread
- * t % nth in embed, norm_rows and residual_add alike, so these need no barrier between them. */
+ * t % nth in embed, norm_rows and residual_add alike (with own_rows, row ith to thread ith), so these
+ * need no barrier between them. */
 static void norm_rows(const forward_args *a, const pl_norm *norm, float *out, const float *in, int t0,
                       int ith, int nth) {
     const int dim = a->m->dim;
+    if (a->own_rows) {
+        pl_norm_apply(out + (int64_t)ith * dim, in + (int64_t)ith * dim, norm, dim, a->m->norm_eps);
+        return;
+    }
     for (int t = ith + (t0 - ith + nth - 1) / nth * nth; t < a->n; t += nth)
         pl_norm_apply(out + (int64_t)t * dim, in + (int64_t)t * dim, norm, dim, a->m->norm_eps);
 }
 
 /* x += f, where f is a block's output; a post-norm (Gemma 2/3) is applied to f first. A trace
- * gets f as added (f_out) and x after the add (x_out). */
+ * gets f as added (f_out) and x after the add (x_out). With own_rows every thread adds the one row
+ * of f to its own copy of x, the post-norm into a row of its own (f is everyone's to read). */
 static void residual_add(const forward_args *a, const pl_norm *post_norm, float *f, float *f_out, float *x_out,
                          int ith, int nth) {
     const int dim = a->m->dim;
+    if (a->own_rows) {
+        const float *d = f;
+        if (post_norm->w) {
+            float *normed = a->s->pos_row + (int64_t)ith * dim;
+            pl_norm_apply(normed, f, post_norm, dim, a->m->norm_eps);
+            d = normed;
+        }
+        float *x = a->s->x + (int64_t)ith * dim;
+        for (int i = 0; i < dim; i++) x[i] += d[i];
+        trace_rows(a, f_out, d, dim, ith, nth); /* thread 0's rows: row 0 */
+        trace_rows(a, x_out, a->s->x, dim, ith, nth);
+        return;
+    }
     for (int t = ith; t < a->n; t += nth) {
         float *x = a->s->x + (int64_t)t * dim, *d = f + (int64_t)t * dim;
         if (post_norm->w) pl_norm_apply(d, d, post_norm, dim, a->m->norm_eps);
@@ -116,6 +140,18 @@ static void residual_add(const forward_args *a, const pl_norm *post_norm, float 
     trace_rows(a, x_out, a->s->x, dim, ith, nth);
 }
 
+/* The tokens and heads of position_heads (and prefetch_kv_rows) that thread ith takes: tokens
+ * t % nth with all their heads, or in a one-token step the heads h % nth, so every thread has a share. */
+typedef struct {
+    int t0, t_step, h0, h_step;
+} head_share;
+
+static head_share share_heads(const forward_args *a, int ith, int nth) {
+    head_share h = {ith, nth, 0, 1};
+    if (a->own_rows) h = (head_share){0, 1, ith, nth};
+    return h;
+}
+
 /* Per-head RMSNorm of q and k (Qwen3, Gemma 3), then rope on the first n_rot dims of each head;
  * then row t's key and value go from the staging rows to their sequence's cache. */
 static void position_heads(const forward_args *a, const pl_layer *L, int l, int ith, int nth) {
@@ -123,20 +159,25 @@ static void position_heads(const forward_args *a, const pl_layer *L, int l, int 
     pl_state *s = a->s;
     const int hd = m->head_dim, half = m->n_rot / 2;
     const int64_t qd = (int64_t)m->n_heads * hd, kvd = s->kv_dim;
-    for (int t = ith; t < a->n; t += nth) {
+    const head_share sh = share_heads(a, ith, nth);
+    for (int t = sh.t0; t < a->n; t += sh.t_step) {
         const pl_state *seq = seq_of(a, t);
-        const int pos = pos_of(a, t);
-        float *q = s->q + t * qd, *k = s->kstage + t * kvd;
-        if (L->q_norm.w)
-            for (int h = 0; h < m->n_heads; h++) pl_norm_apply(q + h * hd, q + h * hd, &L->q_norm, hd, m->norm_eps);
-        if (L->k_norm.w)
-            for (int h = 0; h < m->n_kv_heads; h++) pl_norm_apply(k + h * hd, k + h * hd, &L->k_norm, hd, m->norm_eps);
+        const float *cos = NULL, *sin = NULL;
         if (m->n_rot) {
-            const int64_t at = ((int64_t)L->rope * seq->n_ctx + pos) * half;
-            pl_rope(q, m->n_heads, hd, m->n_rot, seq->rope_cos + at, seq->rope_sin + at, m->rope_interleaved);
-            pl_rope(k, m->n_kv_heads, hd, m->n_rot, seq->rope_cos + at, seq->rope_sin + at, m->rope_interleaved);
+            const int64_t at = ((int64_t)L->rope * seq->n_ctx + pos_of(a, t)) * half;
+            cos = seq->rope_cos + at;
+            sin = seq->rope_sin + at;
         }
-        store_kv(a, l, t, k, s->vstage + t * kvd);
+        float *q = s->q + t * qd, *k = s->kstage + t * kvd;
+        for (int h = sh.h0; h < m->n_heads; h += sh.h_step) {
+            if (L->q_norm.w) pl_norm_apply(q + h * hd, q + h * hd, &L->q_norm, hd, m->norm_eps);
+            if (m->n_rot) pl_rope(q + h * hd, 1, hd, m->n_rot, cos, sin, m->rope_interleaved);
+        }
+        for (int g = sh.h0; g < m->n_kv_heads; g += sh.h_step) {
+            if (L->k_norm.w) pl_norm_apply(k + g * hd, k + g * hd, &L->k_norm, hd, m->norm_eps);
+            if (m->n_rot) pl_rope(k + g * hd, 1, hd, m->n_rot, cos, sin, m->rope_interleaved);
+            store_kv(a, l, t, g, k, s->vstage + t * kvd);
+        }
     }
 }
 
@@ -147,11 +188,12 @@ static void prefetch_kv_rows(const forward_args *a, int l, int ith, int nth) {
     enum { FEW_ROWS = 8 };
     const pl_model *m = a->m;
     if (a->n > FEW_ROWS * nth) return;
-    for (int t = ith; t < a->n; t += nth) {
+    const head_share sh = share_heads(a, ith, nth);
+    for (int t = sh.t0; t < a->n; t += sh.t_step) {
         const pl_state *q = seq_of(a, t);
         const int pos = pos_of(a, t);
         const int64_t bytes = pl_row_size(q->kv_type, m->head_dim);
-        for (int g = 0; g < m->n_kv_heads; g++)
+        for (int g = sh.h0; g < m->n_kv_heads; g += sh.h_step)
             for (int which = 0; which < 2; which++) {
                 const char *p = cache_at(q, m, which, l, g, pos);
                 for (int64_t c = 0; c < bytes; c += 64) PL_PREFETCH(p + c);
@@ -190,16 +232,18 @@ static void layer(const forward_args *a, const pl_layer *L, int l, float *const 
     pl_pool *pool = a->pool;
     const int n = a->n, pos0 = s->pos, dim = m->dim;
     const int64_t qd = (int64_t)m->n_heads * m->head_dim, kvd = s->kv_dim;
+    float *xn = s->xn + row_of(a, 0, ith) * dim; /* the matmuls' input: row 0, or this thread's own */
     if (!tr) tr = untraced;
 
-    /* the matmuls read a normed row only once the thread that normed it has met the others */
+    /* the matmuls read a normed row only once the thread that normed it has met the others (or,
+     * with own_rows, the thread that reads it normed it) */
     norm_rows(a, &L->attn_norm, s->xn, s->x, 0, ith, nth);
     prefetch_kv_rows(a, l, ith, nth);
     trace_rows(a, tr[PL_TRACE_ATTN_NORM], s->xn, dim, ith, nth);
 
     pl_matmul_out qkv[3] = {{&L->wq, s->q, qd, L->bq}, {&L->wk, s->kstage, kvd, L->bk},
                             {&L->wv, s->vstage, kvd, L->bv}};
-    pl_matmul(qkv, 3, s->xn, n, a->batch, &s->mm, pool, ith, nth);
+    pl_matmul(qkv, 3, xn, n, a->batch, &s->mm, pool, ith, nth);
     pl_barrier(pool);
 
     position_heads(a, L, l, ith, nth);
@@ -236,7 +280,7 @@ static void layer(const forward_args *a, const pl_layer *L, int l, float *const 
     norm_rows(a, &L->ffn_norm, s->xn, s->x, 0, ith, nth);
     trace_rows(a, tr[PL_TRACE_FFN_NORM], s->xn, dim, ith, nth);
 
-    pl_matmul_glu(L->w_gate.data ? &L->w_gate : NULL, &L->w_up, L->b_up, s->xn, n, a->batch, m->activation,
+    pl_matmul_glu(L->w_gate.data ? &L->w_gate : NULL, &L->w_up, L->b_up, xn, n, a->batch, m->activation,
                   s->gate, s->up, m->ffn_dim, &s->mm, pool, ith, nth);
     pl_barrier(pool);
 
@@ -266,11 +310,11 @@ static void forward_task(void *raw, int ith, int nth) {
     int first = a->all_logits || out_norm ? 0 : n - 1;
     norm_rows(a, &m->out_norm, s->xn, s->x, first, ith, nth);
     trace_rows(a, out_norm, s->xn, dim, ith, nth);
-    pl_barrier(a->pool);
+    if (!a->own_rows) pl_barrier(a->pool); /* the head reads every row */
     if (!a->logits) return;
     if (!a->all_logits) first = n - 1;
     pl_matmul_out head[1] = {{&m->lm_head, a->logits, m->vocab_size, NULL}};
-    pl_matmul(head, 1, s->xn + (int64_t)first * dim, n - first, a->batch, &s->mm, a->pool, ith, nth);
+    pl_matmul(head, 1, s->xn + row_of(a, first, ith) * dim, n - first, a->batch, &s->mm, a->pool, ith, nth);
     if (m->logit_softcap > 0) {
         pl_barrier(a->pool);
         int64_t total = (int64_t)(n - first) * m->vocab_size;
@@ -302,7 +346,7 @@ static void head_task(void *raw, int ith, int nth) {
 
 int pl_head(const pl_model *m, pl_state *s, pl_pool *pool, const float *x, int n, float *logits) {
     if (n < 1 || n > s->n_batch || !x || !logits) return PL_ERR_ARGS;
-    head_args h = {{m, s, pool, NULL, n, logits, 1, n, NULL, 0, NULL}, x};
+    head_args h = {{m, s, pool, NULL, n, logits, 1, n, NULL, 0, NULL, 0}, x};
     pl_pool_run(pool, head_task, &h);
     return PL_OK;
 }
@@ -330,7 +374,7 @@ int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32
         int last = done + chunk == n;
         float *out = !logits ? NULL : all_logits ? logits + (int64_t)done * m->vocab_size : (last ? logits : NULL);
         forward_args a = {m, s, pool, tokens + done, chunk, out, all_logits, n, trace,
-                          trace ? s->pos - trace->pos0 : 0, NULL};
+                          trace ? s->pos - trace->pos0 : 0, NULL, chunk == 1};
         int blas_chunk = s->mm.sgemm && s->mm.per_thread_blas && n >= PL_BLAS_MIN_TOKENS;
         int blas_threads = blas_chunk ? m->blas.get_threads() : 0;
         if (blas_chunk) m->blas.set_threads(1);
@@ -355,7 +399,7 @@ int pl_forward_batch(const pl_model *m, pl_state *work, pl_state *const *seqs, i
     }
     for (int b = 0; b < n_seqs; b++) pl_state_rope_upto(seqs[b], m, seqs[b]->pos + 1);
     /* batch 1: every row takes the decode path, so each sequence's numbers are its solo step's */
-    forward_args a = {m, work, pool, tokens, n_seqs, logits, 1, 1, NULL, 0, seqs};
+    forward_args a = {m, work, pool, tokens, n_seqs, logits, 1, 1, NULL, 0, seqs, n_seqs == 1};
     pl_pool_run(pool, forward_task, &a);
     for (int b = 0; b < n_seqs; b++) seqs[b]->pos++;
     return PL_OK;

@@ -186,7 +186,7 @@ typedef struct {
 
 typedef struct {
     void *xq;            /* activations in the weights' vec_dot_type: PL_MATMUL_MAX_OUTS regions */
-    int64_t xq_region;   /* bytes of one region */
+    int64_t xq_region;   /* bytes of one region: rows for max(tokens, threads) */
     float *wtile;        /* dequantized weight tiles for sgemm: one of tile_floats per thread */
     int64_t tile_floats;
     pl_sgemm_fn sgemm;   /* NULL: the vec_dot kernels for every batch size */
@@ -200,10 +200,13 @@ typedef struct {
 #define PL_FEW_ROWS 4
 
 /* Computes every out of a group that shares its input x (n, w->cols): q/k/v, or gate/up. Called by
- * every pool thread. x may still be in the making on entry, as long as row t is written by thread
- * t % nth (embed, norm_rows and residual_add's rows): a thread reads only its own rows of x before it
- * meets the others at a barrier, so no barrier is needed between those steps and the matmul. The
- * caller places a barrier before the outputs are read. batch is the number
+ * every pool thread. With n ≥ 2, x may still be in the making on entry, as long as row t is written
+ * by thread t % nth (embed, norm_rows and residual_add's rows): a thread reads only its own rows of x
+ * before it meets the others at a barrier, so no barrier is needed between those steps and the
+ * matmul. With n = 1 no barrier comes first: every thread reads x whole at once, so it must be
+ * complete for each thread on entry (x may differ between threads, if its bits do not: a decode
+ * step's threads each norm their own copy of the row). The caller places a barrier after the call,
+ * before the outputs are read and before the next dealt matmul. batch is the number
  * of tokens of the forward pass: it picks the path (sgemm from PL_BLAS_MIN_TOKENS on), so every
  * row of a prefill — the last one's logits included — is computed the same way. */
 void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,
@@ -242,10 +245,12 @@ struct pl_state {
     float *rope_cos;       /* (n_ropes, n_ctx, n_rot / 2), the table's scale applied */
     float *rope_sin;       /* (n_ropes, n_ctx, n_rot / 2) */
     int rope_rows;         /* positions of the tables computed so far (pl_state_rope_upto) */
-    float *x;              /* (n_batch, dim) the residual stream */
-    float *xn;             /* (n_batch, dim) a block's normed input */
+    float *x;              /* (max(n_batch, n_threads), dim) the residual stream: a row per token, or in a
+                              one-token step a copy per thread */
+    float *xn;             /* (max(n_batch, n_threads), dim) a block's normed input, rows as x's */
     float *q;              /* (n_batch, n_heads * head_dim) */
-    float *pos_row;        /* (n_threads, dim) a learned position row widened to f32 */
+    float *pos_row;        /* (n_threads, dim) a learned position row widened to f32; a one-token
+                              step's post-norm output */
     float *att;            /* (n_batch, n_heads * head_dim) attention output */
     float *tmp;            /* (n_batch, dim) a block's output before the residual add */
     float *gate;           /* (n_batch, ffn_dim) */

@@ -80,8 +80,10 @@ static void row_range(int64_t rows, int ith, int nth, int64_t *begin, int64_t *e
     pl_share(rows, 16, ith, nth, begin, end);
 }
 
-/* Converts x into each out's vec_dot_type (once per distinct type), each thread the rows t % nth;
- * the caller meets the other threads at a barrier before reading xv. */
+/* Converts x into each out's vec_dot_type (once per distinct type). Several rows: each thread the
+ * rows t % nth, and the caller meets the other threads at a barrier before reading xv. One row:
+ * every thread converts it into a row of the region of its own (the regions hold a row per thread),
+ * the same bits, which it alone reads. */
 static void prepare_activations(const pl_matmul_out *outs, int n_outs, const float *x, int n,
                                const pl_matmul_scratch *sc, int ith, int nth, const void **xv,
                                int64_t *xrow) {
@@ -102,8 +104,13 @@ static void prepare_activations(const pl_matmul_out *outs, int n_outs, const flo
         }
         char *dst = (char *)sc->xq + i * sc->xq_region;
         const pl_type_traits *vtt = pl_traits(vt);
-        for (int tok = ith; tok < n; tok += nth)
-            vtt->from_f32(x + (int64_t)tok * w->cols, dst + tok * xrow[i], w->cols);
+        if (n == 1) {
+            dst += ith * xrow[i];
+            vtt->from_f32(x, dst, w->cols);
+        } else {
+            for (int tok = ith; tok < n; tok += nth)
+                vtt->from_f32(x + (int64_t)tok * w->cols, dst + tok * xrow[i], w->cols);
+        }
         xv[i] = dst;
     }
 }
@@ -242,16 +249,15 @@ static int deal_chunk(row_deal *d, int64_t k, int64_t *lo, int64_t *hi) {
     return 1;
 }
 
-/* The activations in the weights' vec_dot types (each thread its own rows of x); then thread 0
- * resets the pool's chunk counter (the barrier after the previous matmul ended that one's takes) and
- * a barrier publishes it, ends the conversion and completes x for the kernels that read it as is.
- * The rows are then dealt on demand (pl_pool_take_chunk), whatever the weights' type, so that a
- * stalled thread holds the others back by a chunk, not by its share. */
+/* The activations in the weights' vec_dot types. Several rows: each thread its own rows of x, and a
+ * barrier ends the conversion and completes x for the kernels that read it as is. One row (a decode
+ * step): each thread converts it for itself, without a barrier (x is whole on entry). The rows are
+ * then dealt on demand (pl_pool_take_chunk), whatever the weights' type, so that a stalled thread
+ * holds the others back by a chunk, not by its share. */
 static void start_rows(const pl_matmul_out *outs, int n_outs, const float *x, int n, const pl_matmul_scratch *sc,
                        pl_pool *pool, int ith, int nth, const void **xv, int64_t *xrow) {
     prepare_activations(outs, n_outs, x, n, sc, ith, nth, xv, xrow);
-    if (ith == 0) pl_pool_reset_chunks(pool);
-    pl_barrier(pool);
+    if (n > 1) pl_barrier(pool);
 }
 
 void pl_matmul(const pl_matmul_out *outs, int n_outs, const float *x, int n, int batch,

@@ -127,11 +127,10 @@ int pl_pool_size(const pl_pool *pool);
 void pl_pool_run(pl_pool *pool, pl_task_fn fn, void *arg);
 /* Inside a task: wait until every thread of the pool reaches this point. */
 void pl_barrier(pl_pool *pool);
-/* Work dealt on demand: thread 0 resets the counter before a barrier, after which every thread
- * takes chunk indices (0, 1, 2, ... in all) until they run past the work; a barrier must separate
- * the last take from the next reset. A thread that the system stops for a while then delays the
- * others by one chunk, not by its whole share. */
-void pl_pool_reset_chunks(pl_pool *pool);
+/* Work dealt on demand: between two barriers the threads take chunk indices (0, 1, 2, ... in all)
+ * until they run past the work; each barrier starts the count afresh for the phase it opens. A
+ * thread that the system stops for a while then delays the others by one chunk, not by its whole
+ * share. */
 int64_t pl_pool_take_chunk(pl_pool *pool);
 
 /* ---------------------------------------------------------------- BLAS from SciPy */

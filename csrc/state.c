@@ -92,8 +92,11 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
     s->rope_cos = pl_alloc_aligned(n_ropes * n_ctx * half * f);
     s->rope_sin = pl_alloc_aligned(n_ropes * n_ctx * half * f);
     s->pos_row = pl_alloc_aligned((size_t)n_threads * m->dim * f);
-    s->x = pl_alloc_aligned((size_t)n_batch * m->dim * f);
-    s->xn = pl_alloc_aligned((size_t)n_batch * m->dim * f);
+    /* a one-token step keeps a residual row and a normed row per thread (forward.c), and converts
+     * its row for the matmuls once per thread (matmul.c) */
+    const int rows = n_batch > n_threads ? n_batch : n_threads;
+    s->x = pl_alloc_aligned((size_t)rows * m->dim * f);
+    s->xn = pl_alloc_aligned((size_t)rows * m->dim * f);
     s->q = pl_alloc_aligned(n_batch * qd * f);
     s->att = pl_alloc_aligned(n_batch * qd * f);
     s->tmp = pl_alloc_aligned((size_t)n_batch * m->dim * f);
@@ -102,7 +105,7 @@ pl_state *pl_state_create(const pl_model *m, int n_ctx, int n_batch, int n_threa
     s->kstage = pl_alloc_aligned((size_t)n_batch * s->kv_dim * f);
     s->vstage = pl_alloc_aligned((size_t)n_batch * s->kv_dim * f);
 
-    scratch_needs need = {n_batch, 0, 0, 0};
+    scratch_needs need = {rows, 0, 0, 0};
     for_each_weight(m, measure, &need);
     s->mm.xq_region = (need.xq_region + 63) / 64 * 64;
     s->mm.xq = pl_alloc_aligned((size_t)(PL_MATMUL_MAX_OUTS * s->mm.xq_region));

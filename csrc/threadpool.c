@@ -66,7 +66,7 @@ struct pl_pool {
     atomic_int arrived;  /* threads at the current barrier */
     atomic_int phase;    /* bumped when a barrier opens */
     atomic_int sleepers; /* threads blocked on wake */
-    atomic_llong chunk;  /* the next chunk of a dealt phase (pl_pool_take_chunk) */
+    atomic_llong chunk[2]; /* the next chunk of a dealt phase: [phase & 1] (pl_pool_take_chunk) */
     pl_mutex lock;
     pl_cond wake;
 };
@@ -92,11 +92,19 @@ static void notify(pl_pool *p) {
     mutex_unlock(&p->lock);
 }
 
+/* The last thread to arrive closes phase P and opens P + 1. Every take of P ended before this
+ * barrier, so P's chunk counter is reset here for P + 2 (P + 1 takes from the other one, reset when
+ * P opened): a dealt matmul needs no barrier of its own before its first take. */
 void pl_barrier(pl_pool *p) {
-    if (p->n_threads == 1) return;
     int phase = atomic_load(&p->phase);
+    if (p->n_threads == 1) {
+        atomic_store_explicit(&p->chunk[phase & 1], 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->phase, 1, memory_order_relaxed);
+        return;
+    }
     if (atomic_fetch_add(&p->arrived, 1) == p->n_threads - 1) {
         atomic_store(&p->arrived, 0);
+        atomic_store_explicit(&p->chunk[phase & 1], 0, memory_order_relaxed); /* published by the phase */
         atomic_fetch_add(&p->phase, 1);
         notify(p);
     } else {
@@ -178,13 +186,16 @@ void pl_pool_free(pl_pool *p) {
 
 int pl_pool_size(const pl_pool *p) { return p->n_threads; }
 
-void pl_pool_reset_chunks(pl_pool *p) { atomic_store_explicit(&p->chunk, 0, memory_order_relaxed); }
-
-int64_t pl_pool_take_chunk(pl_pool *p) { return atomic_fetch_add_explicit(&p->chunk, 1, memory_order_relaxed); }
+int64_t pl_pool_take_chunk(pl_pool *p) {
+    /* The phase cannot move while this thread is between barriers. */
+    int phase = atomic_load_explicit(&p->phase, memory_order_relaxed);
+    return atomic_fetch_add_explicit(&p->chunk[phase & 1], 1, memory_order_relaxed);
+}
 
 void pl_pool_run(pl_pool *p, pl_task_fn fn, void *arg) {
     if (p->n_threads == 1) {
         fn(arg, 0, 1);
+        pl_barrier(p); /* the next run's takes start afresh */
         return;
     }
     p->fn = fn;

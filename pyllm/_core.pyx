@@ -387,7 +387,7 @@ def matmul(int wtype, const unsigned char[::1] w, int64_t rows, int64_t cols, co
         wt.packed = <void *>(((<uintptr_t>&packed_view[0]) + 63) // 64 * 64)
         pl_pack_groups(wtype, &w[0], rows, cols, wt.packed, 0, (rows + PL_PACK_ROWS - 1) // PL_PACK_ROWS)
     cdef pl_matmul_scratch sc
-    sc.xq_region = pl_matmul_xq_bytes(wtype, cols, n)
+    sc.xq_region = pl_matmul_xq_bytes(wtype, cols, max(n, threads))  # a row per thread when n == 1
     xq = np.empty(3 * sc.xq_region + 64, dtype=np.uint8)
     cdef unsigned char[::1] xqv = xq
     sc.xq = &xqv[0]
