@@ -298,13 +298,22 @@ void pl_gemm_q6_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g
             }
 }
 
+static const char *installed = "scalar";
+
 void pl_install_packed_kernels(int isa) {
     pl_packed.q4_1 = pl_gemm_q4_1x8_scalar;
     pl_packed.q5_0 = pl_gemm_q5_0x8_scalar;
     pl_packed.q8_0 = pl_gemm_q8_0x8_scalar;
     pl_packed.q4_K = pl_gemm_q4_Kx8_scalar;
     pl_packed.q6_K = pl_gemm_q6_Kx8_scalar;
-    /* An AVX-512 machine runs the AVX2 kernels: see packed_avx2.c. */
-    if (isa == PL_ISA_AVX2 || isa == PL_ISA_AVX512) pl_install_packed_avx2();
-    if (isa == PL_ISA_NEON) pl_install_packed_neon();
+    installed = "scalar";
+    /* An AVX-512 machine runs the AVX2 kernels, or with VNNI their vpdpbusd build: see packed_avx2.c. */
+    if (isa == PL_ISA_AVX512 && pl_cpu_has_vnni() && pl_install_packed_vnni())
+        installed = "vnni";
+    else if ((isa == PL_ISA_AVX2 || isa == PL_ISA_AVX512) && pl_install_packed_avx2())
+        installed = "avx2";
+    else if (isa == PL_ISA_NEON && pl_install_packed_neon())
+        installed = "neon";
 }
+
+const char *pl_packed_kernels_name(void) { return installed; }

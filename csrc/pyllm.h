@@ -83,6 +83,8 @@ int pl_cpu_best_isa(void);
 int pl_set_isa(int isa);
 int pl_current_isa(void);
 const char *pl_isa_name(int isa);
+/* Whether this AVX-512 CPU has VNNI: its ISA then runs the packed kernels' vpdpbusd build. */
+int pl_cpu_has_vnni(void);
 
 /* The few vector kernels the ops and attention share, switched with the ISA. */
 typedef struct {

@@ -54,6 +54,7 @@ cdef extern from "pyllm.h" nogil:
     int pl_set_isa(int isa)
     int pl_current_isa()
     const char *pl_isa_name(int isa)
+    int pl_cpu_has_vnni()
 
     ctypedef struct pl_pool:
         pass
@@ -164,6 +165,7 @@ cdef extern from "kernels.h" nogil:
 cdef extern from "packed.h" nogil:
     enum: PL_PACK_ROWS
     int pl_packed_type(int type)
+    const char *pl_packed_kernels_name()
     int64_t pl_packed_bytes(int type, int64_t rows, int64_t cols)
     int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *dst, int64_t g0, int64_t g1)
     int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
@@ -203,6 +205,18 @@ def best_isa() -> str:
 
 def current_isa() -> str:
     return ISA_NAMES[pl_current_isa()]
+
+
+def packed_kernels() -> str:
+    """Which build of the packed GEMM kernels the current ISA installed: "scalar", "avx2", "vnni"
+    (the avx512 ISA on a CPU with VNNI) or "neon"."""
+    return pl_packed_kernels_name().decode()
+
+
+def cpu_has_vnni() -> bool:
+    """Whether this AVX-512 CPU has VNNI, whose packed kernels (csrc/packed_vnni.c) the avx512 ISA
+    then installs."""
+    return bool(pl_cpu_has_vnni())
 
 
 def set_isa(name: str) -> str:

@@ -174,6 +174,27 @@ def test_packed_gemm_of_every_isa_equals_scalar_bit_for_bit(t, extreme, isa):
     np.testing.assert_array_equal(bits(got), bits(want))
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
+def test_each_isa_installs_its_build_of_the_packed_kernels(isa):
+    # The avx512 ISA runs the vpdpbusd build (csrc/packed_vnni.c) where the CPU has VNNI, else the AVX2
+    # one; every test of this file that runs under avx512 then checks the build installed.
+    flags = cpu_flags()
+    if flags:
+        assert _core.cpu_has_vnni() == ("avx512_vnni" in flags and _core.best_isa() == "avx512")
+    want = {"scalar": "scalar", "avx2": "avx2", "neon": "neon",
+            "avx512": "vnni" if _core.cpu_has_vnni() else "avx2"}[isa]
+    assert _core.packed_kernels() == want
+
+
 @pytest.mark.parametrize("isa", [i for i in ISAS if i != "scalar"] or ["scalar"], indirect=True)
 @pytest.mark.parametrize("cols,n", [(1536, 300), (262176, 2)], ids=["batch-in-parts", "wider-than-the-stack"])
 @pytest.mark.parametrize("t", PACKED_TYPES, ids=lambda t: t.name)

@@ -1102,7 +1102,8 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    printf("isa_check: this CPU's best ISA is %s\n", pl_isa_name(pl_cpu_best_isa()));
+    printf("isa_check: this CPU's best ISA is %s%s\n", pl_isa_name(pl_cpu_best_isa()),
+           pl_cpu_has_vnni() ? ", with VNNI (its packed kernels: the vpdpbusd build)" : "");
     kernel_set scalar, simd;
     if (pl_set_isa(PL_ISA_SCALAR) != PL_ISA_SCALAR) {
         fprintf(stderr, "isa_check: cannot install the scalar kernels\n");

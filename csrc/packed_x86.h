@@ -1,0 +1,557 @@
+/* packed_x86.h — the body of the x86 packed GEMM kernels (packed.h), built twice: packed_avx2.c
+ * with maddubs (AVX2), packed_vnni.c with vpdpbusd (AVX-512 VNNI on 256-bit registers). Each defines
+ * PX_TARGET (the functions' target), PX_SUFFIX (their names' ending) and PX_VNNI before including it;
+ * only the u8·s8 inner products differ (pair_dot and signed_dot), so the two give the same bits.
+ *
+ * A chunk of a packed block is one 32-byte register: 4 elements of each of 8 weight rows. maddubs
+ * against an activation dword broadcast to all lanes gives, per row, two i16 partial sums, which
+ * one more step folds into the i32 lane r = weight row r (vpdpbusd gives the i32 at once). So a
+ * block of one activation row ends as one vector of the 8 rows' exact block sums, scaled and
+ * accumulated with one fmadd per lane: the scalar reference's operations, lane by lane, in its
+ * order. Nothing is reduced across lanes.
+ *
+ * A tile is G row groups × T activation rows: the weight chunks are loaded and unpacked once per
+ * tile, each activation dword broadcast once per tile. T = 4 for a batch (the weights of a group
+ * stay in L1 while the activation rows stream past; more rows spill); for one activation row two
+ * groups at a time, so that two chains of fmadd overlap.
+ */
+#ifndef PX_TARGET
+#error "packed_x86.h is included by packed_avx2.c and packed_vnni.c after they define PX_TARGET"
+#endif
+
+#include <string.h>
+
+#include <immintrin.h>
+
+#include "packed.h"
+#include "quants.h"
+
+#define PX_CAT_(a, b) a##b
+#define PX_CAT(a, b) PX_CAT_(a, b)
+#define PX_NAME(name) PX_CAT(name, PX_SUFFIX)
+
+/* Each tile inlined with its G and T constant and its loops unrolled, so that its accumulators
+ * live in registers rather than arrays in memory. */
+#if defined(_MSC_VER) && !defined(__clang__)
+#define ALWAYS_INLINE __forceinline
+#define UNROLLED
+#elif defined(__clang__) /* which takes "GCC unroll" but then leaves these loops rolled */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLLED _Pragma("unroll")
+#else
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLLED _Pragma("GCC unroll 8")
+#endif
+
+/* An empty asm that claims to change v: the compiler must have v complete at this point, so it cannot
+ * reassociate a block's chain of adds into a tree that computes every maddubs first (GCC did, and
+ * spilled a third of them: 25% slower). */
+#if defined(__GNUC__) || defined(__clang__)
+#define IN_ORDER(v) __asm__("" : "+x"(v))
+#else
+#define IN_ORDER(v) ((void)0)
+#endif
+
+/* i16 pairs → i32: lane r = its two halves added. The same as madd with ones, but on the shift and
+ * add pipes: on Zen 3 maddubs and madd share one multiply pipe, which the maddubs already fill. */
+PX_TARGET static inline __m256i pair_sums(__m256i p) {
+    return _mm256_add_epi32(_mm256_srai_epi32(p, 16), _mm256_srai_epi32(_mm256_slli_epi32(p, 16), 16));
+}
+
+/* The products of u8 by s8 bytes, 4 to a dword lane: pair_dot(u0, s0, u1, s1) sums two registers'
+ * products and pair_add two such sums, in i16 pairs where maddubs makes them (each caller bounds them
+ * below 2^15) or in i32 where vpdpbusd does; pair_widen gives the i32 lanes either way. signed_dot
+ * is one register's products in i32. Integer sums, exact: both builds give the same bits. */
+#if PX_VNNI
+PX_TARGET static inline __m256i pair_dot(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
+}
+PX_TARGET static inline __m256i pair_add(__m256i p, __m256i q) { return _mm256_add_epi32(p, q); }
+PX_TARGET static inline __m256i pair_widen(__m256i p) { return p; }
+PX_TARGET static inline __m256i signed_dot(__m256i u, __m256i s) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+}
+#else
+PX_TARGET static inline __m256i pair_dot(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+    return _mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1));
+}
+PX_TARGET static inline __m256i pair_add(__m256i p, __m256i q) { return _mm256_add_epi16(p, q); }
+PX_TARGET static inline __m256i pair_widen(__m256i p) { return pair_sums(p); }
+PX_TARGET static inline __m256i signed_dot(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+#endif
+
+/* The 4 activation bytes at p in every dword. */
+PX_TARGET static inline __m256i dword_bcast(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* The first count (≤ 8) lanes of v to y: a partial group's padding rows are never written. */
+PX_TARGET static inline void store_rows(float *y, __m256 v, int64_t count) {
+    if (count >= PL_PACK_ROWS) {
+        _mm256_storeu_ps(y, v);
+    } else {
+        float lanes[PL_PACK_ROWS];
+        _mm256_storeu_ps(lanes, v);
+        memcpy(y, lanes, (size_t)count * sizeof(float));
+    }
+}
+
+/* Block b's share of the next tile's groups, pf_bytes of them per block (0: none). A tile reads its
+ * G groups as G short streams side by side (a group of SmolLM2's q is 2,880 bytes), too short for
+ * the hardware prefetcher to get ahead of: a single-row q4_1 GEMM read 10 GB/s from memory on one
+ * core of machine C where a plain read gets 15-17. Walking the next tile's bytes in step with this
+ * one's, one block's worth per block, keeps them a tile ahead: 14-18 GB/s on one core, 26 on two
+ * (the plain read's 26.6 in the same minute; 15.9 before). */
+PX_TARGET static inline void prefetch_next(const char *pf, int64_t pf_bytes, int64_t b) {
+    for (int64_t c = 0; c < pf_bytes; c += 64) PL_PREFETCH(pf + b * pf_bytes + c);
+}
+
+/* ================================================================ q4_1 × q8_1 */
+
+/* Groups w, w + nb, … (G of them) against activation rows x, x + xs, … (T): y[t·ldy + 8j + r].
+ * rows_left: the valid rows from the first group on. The mins' share m·s needs neither the quants
+ * nor the integer sums: it runs as a second, short loop, which keeps the main one within the 16
+ * registers. Each maddubs lane is at most 2·15·127 in magnitude, so the 8 of a block (4 chunks, low
+ * and high nibbles) add up in i16 (≤ 30480) before the one pair_sums. */
+PX_TARGET static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t nb, const int G, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    (void)off;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256 sd[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_next(pf, pf_bytes, b);
+        __m256i p[2][4];
+        UNROLLED for (int k = 0; k < 4; k++) {
+            __m256i lo[2], hi[2];
+            UNROLLED for (int j = 0; j < G; j++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
+                lo[j] = _mm256_and_si256(v, low4);
+                hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+                __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
+                UNROLLED for (int j = 0; j < G; j++) {
+                    __m256i q = pair_dot(lo[j], xl, hi[j], xh);
+                    p[j][t] = k == 0 ? q : pair_add(p[j][t], q);
+                    IN_ORDER(p[j][t]);
+                }
+            }
+        }
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+                __m256 isum = _mm256_cvtepi32_ps(pair_widen(p[j][t]));
+                sd[j][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), sd[j][t]);
+            }
+        }
+    }
+    __m256 sm[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sm[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++)
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].m));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+                sm[j][t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), sm[j][t]);
+            }
+        }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, _mm256_add_ps(sd[j][t], sm[j][t]), rows_left - j * PL_PACK_ROWS);
+}
+
+/* ================================================================ q8_0 × q8_0 */
+
+/* As q4_1_tile, the signs moved onto the activations (maddubs multiplies unsigned by signed):
+ * |w|·sign(x, w). Pairs reach 2·128·127, so each maddubs goes to i32 through its own madd. */
+PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const int G, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    (void)off;
+    __m256 sd[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_next(pf, pf_bytes, b);
+        __m256i acc[2][4];
+        UNROLLED for (int k = 0; k < 8; k++) {
+            __m256i v[2], av[2];
+            UNROLLED for (int j = 0; j < G; j++) {
+                v[j] = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
+                av[j] = _mm256_sign_epi8(v[j], v[j]);
+            }
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                __m256i xd = dword_bcast(xb->qs + 4 * k);
+                UNROLLED for (int j = 0; j < G; j++) {
+                    __m256i q = signed_dot(av[j], _mm256_sign_epi8(xd, v[j]));
+                    acc[j][t] = k == 0 ? q : _mm256_add_epi32(acc[j][t], q);
+                    IN_ORDER(acc[j][t]);
+                }
+            }
+        }
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                __m256 isum = _mm256_cvtepi32_ps(acc[j][t]);
+                sd[j][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d))), sd[j][t]);
+            }
+        }
+    }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
+}
+
+/* ================================================================ q5_0 × q8_0 */
+
+/* −16·Σx of activation block b of row t to off[t·nb + b], for rows rows: the exact i32 that
+ * turns q5_0_tile's unsigned products into Σ(q − 16)·x, shared by every group of the call. */
+PX_TARGET static void q5_0_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t *off) {
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    for (int t = 0; t < rows; t++)
+        for (int64_t b = 0; b < nb; b++) {
+            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+            __m256i s8 = _mm256_maddubs_epi16(ones8, _mm256_loadu_si256((const __m256i *)xb->qs));
+            __m128i s = _mm_add_epi16(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            s = _mm_madd_epi16(s, _mm_set1_epi16(-16));
+            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+            off[t * nb + b] = _mm_cvtsi128_si32(s);
+        }
+}
+
+/* q (0..31) unsigned against the signed activation, as maddubs wants it; the −16 of every element
+ * comes off the block's integer sum as off[t·nb + b] (q5_0_offsets), an exact int32 shared by the 8
+ * rows. A maddubs lane is at most 2·31·128 = 7936 in magnitude: 4 of them (two chunks, low and high
+ * elements) add up in i16 (≤ 31744), so a block is two i16 partial sums, each widened by pair_sums. */
+PX_TARGET static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t nb, const int G, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+    __m256 sd[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_next(pf, pf_bytes, b);
+        __m256i acc[2][4], qh[2];
+        UNROLLED for (int j = 0; j < G; j++) qh[j] = _mm256_loadu_si256((const __m256i *)w[j * nb + b].qh);
+        UNROLLED for (int t = 0; t < T; t++) {
+            __m256i start = _mm256_set1_epi32(off[t * nb + b]);
+            UNROLLED for (int j = 0; j < G; j++) acc[j][t] = start;
+        }
+        UNROLLED for (int half = 0; half < 2; half++) {
+            __m256i p[2][4];
+            UNROLLED for (int kk = 0; kk < 2; kk++) {
+                const int k = 2 * half + kk;
+                __m256i lo[2], hi[2];
+                UNROLLED for (int j = 0; j < G; j++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
+                    /* bit k (4 + k) of each qh byte to bit 4; what the 16-bit shifts carry in from the
+                     * neighbouring byte lands below (above) bit 4 and is masked off */
+                    __m256i hl = _mm256_and_si256(_mm256_slli_epi16(qh[j], 4 - k), bit4);
+                    __m256i hh = _mm256_and_si256(k ? _mm256_srli_epi16(qh[j], k) : qh[j], bit4);
+                    lo[j] = _mm256_or_si256(_mm256_and_si256(v, low4), hl);
+                    hi[j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), hh);
+                }
+                UNROLLED for (int t = 0; t < T; t++) {
+                    const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                    __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
+                    UNROLLED for (int j = 0; j < G; j++) {
+                        __m256i q = pair_dot(lo[j], xl, hi[j], xh);
+                        p[j][t] = kk == 0 ? q : pair_add(p[j][t], q);
+                        IN_ORDER(p[j][t]);
+                    }
+                }
+            }
+            UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+                acc[j][t] = _mm256_add_epi32(acc[j][t], pair_widen(p[j][t]));
+        }
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                __m256 isum = _mm256_cvtepi32_ps(acc[j][t]);
+                sd[j][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d))), sd[j][t]);
+            }
+        }
+    }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
+}
+
+/* ================================================================ q4_K × q8_K */
+
+/* The 8 rows' scale bytes of one word (pl_k4x8_scales' sc or mn words, lane r = row r). */
+PX_TARGET static inline void k4x8_words(const pl_block_q4_Kx8 *b, __m256i *w0, __m256i *w1, int mins) {
+    const __m256i low6 = _mm256_set1_epi32(0x3f3f3f3f), low4 = _mm256_set1_epi32(0x0f0f0f0f),
+                  top2 = _mm256_set1_epi32(0x03030303);
+    __m256i u0 = _mm256_loadu_si256((const __m256i *)b->scales[mins ? 1 : 0]);
+    __m256i u2 = _mm256_loadu_si256((const __m256i *)b->scales[2]);
+    if (mins) u2 = _mm256_srli_epi32(u2, 4);
+    *w0 = _mm256_and_si256(u0, low6);
+    __m256i top = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), top2), 4);
+    *w1 = _mm256_or_si256(_mm256_and_si256(u2, low4), top);
+}
+
+/* Byte s of each dword in both of its i16 halves: lane r = (x, x), what madd multiplies a lane's
+ * two i16 partial sums by to give x·(their sum) in i32. */
+#define BYTE_BOTH_HALVES(s)                                                                            \
+    _mm256_setr_epi8((s), -1, (s), -1, 4 + (s), -1, 4 + (s), -1, 8 + (s), -1, 8 + (s), -1, 12 + (s), -1, \
+                     12 + (s), -1, (s), -1, (s), -1, 4 + (s), -1, 4 + (s), -1, 8 + (s), -1, 8 + (s), -1,  \
+                     12 + (s), -1, 12 + (s), -1)
+
+/* The activation's 8 sub-block sums as the dwords madd pairs with the mins: (bs0, bs2), (bs1, bs3),
+ * (bs4, bs6), (bs5, bs7) in pairs[0..3], each broadcast. */
+PX_TARGET static inline void k4_bsum_pairs(const pl_block_q8_K *x, __m256i pairs[4]) {
+    __m256i bs = _mm256_loadu_si256((const __m256i *)x->bsums);
+    __m128i s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)); /* bs0..bs7 */
+    s = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
+    pairs[0] = _mm256_broadcastd_epi32(s);
+    pairs[1] = _mm256_broadcastd_epi32(_mm_srli_si128(s, 4));
+    pairs[2] = _mm256_broadcastd_epi32(_mm_srli_si128(s, 8));
+    pairs[3] = _mm256_broadcastd_epi32(_mm_srli_si128(s, 12));
+}
+
+/* As q4_1_tile, a sub-block at a time: register (c, k)'s nibbles h against activation dword
+ * 64c + 32h + 4k, 8 maddubs summed in i16 (each lane at most 2·15·128, 8 of them 30720), then one
+ * madd by the rows' scales of sub-block 2c + h gives its exact share of isum in i32. A register is
+ * loaded once per nibble half (from L1 the second time), which keeps the live sums within the 16
+ * registers. The mins' share runs as a second loop, as q4_1's. */
+PX_TARGET static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const int G, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    (void)off;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256 sd[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_next(pf, pf_bytes, b);
+        __m256i isum[2][4], sc[2][2];
+        UNROLLED for (int j = 0; j < G; j++) {
+            k4x8_words(&w[j * nb + b], &sc[j][0], &sc[j][1], 0);
+            UNROLLED for (int t = 0; t < T; t++) isum[j][t] = _mm256_setzero_si256();
+        }
+        UNROLLED for (int sub = 0; sub < 8; sub++) {
+            const int c = sub / 2, h = sub % 2;
+            __m256i p[2][4];
+            UNROLLED for (int k = 0; k < 8; k++) {
+                __m256i q[2];
+                UNROLLED for (int j = 0; j < G; j++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 256 * c + 32 * k));
+                    q[j] = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, low4);
+                }
+                UNROLLED for (int t = 0; t < T; t++) {
+                    const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                    __m256i xd = dword_bcast(xb->qs + 64 * c + 32 * h + 4 * k);
+                    UNROLLED for (int j = 0; j < G; j++) {
+                        __m256i prod = _mm256_maddubs_epi16(q[j], xd);
+                        p[j][t] = k == 0 ? prod : _mm256_add_epi16(p[j][t], prod);
+                        IN_ORDER(p[j][t]);
+                    }
+                }
+            }
+            UNROLLED for (int j = 0; j < G; j++) {
+                __m256i scale = _mm256_shuffle_epi8(sc[j][sub / 4], BYTE_BOTH_HALVES(sub % 4));
+                UNROLLED for (int t = 0; t < T; t++)
+                    isum[j][t] = _mm256_add_epi32(isum[j][t], _mm256_madd_epi16(p[j][t], scale));
+            }
+        }
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
+                sd[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][t]), scale, sd[j][t]);
+            }
+        }
+    }
+    /* imin: the mins' bytes of each word as i16 pairs (bytes 0, 2 and 1, 3) against the matching
+     * pairs of sub-block sums */
+    const __m256i even = _mm256_set1_epi32(0x00FF00FF);
+    __m256 sm[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sm[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++)
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256i mn[2];
+            k4x8_words(&w[j * nb + b], &mn[0], &mn[1], 1);
+            __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].dmin));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                __m256i pairs[4];
+                k4_bsum_pairs(xb, pairs);
+                __m256i imin = _mm256_madd_epi16(_mm256_and_si256(mn[0], even), pairs[0]);
+                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_srli_epi16(mn[0], 8), pairs[1]));
+                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_and_si256(mn[1], even), pairs[2]));
+                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_srli_epi16(mn[1], 8), pairs[3]));
+                __m256 scale = _mm256_mul_ps(dmin, _mm256_set1_ps(xb->d));
+                sm[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), scale, sm[j][t]);
+            }
+        }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, _mm256_sub_ps(sd[j][t], sm[j][t]), rows_left - j * PL_PACK_ROWS);
+}
+
+/* ================================================================ q6_K × q8_K */
+
+/* The 8 rows' int8 scales of sub-blocks s0 and s1 as the i16 pair (sc_s0, sc_s1) of lane r. */
+PX_TARGET static inline __m256i q6_scale_pairs(const pl_block_q6_Kx8 *b, int s0, int s1) {
+    __m128i a = _mm_loadl_epi64((const __m128i *)b->scales[s0]), c = _mm_loadl_epi64((const __m128i *)b->scales[s1]);
+    return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, c));
+}
+
+/* Sub-block by sub-block as q4_K_tile, the 6-bit values completed from qh: a maddubs lane reaches
+ * 2·63·128, so two registers' products add up in i16 (≤ 32256) before each madd by the rows'
+ * scales. The −32 of every element comes in as −32·Σ_s sc_s·bsums[s], exact, the block's start. */
+PX_TARGET static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t nb, const int G, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    (void)off;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+    __m256 sd[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_next(pf, pf_bytes, b);
+        __m256i isum[2][4];
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256i corr[4];
+            UNROLLED for (int t = 0; t < T; t++) corr[t] = _mm256_setzero_si256();
+            UNROLLED for (int m = 0; m < 8; m++) {
+                __m256i pairs = q6_scale_pairs(&w[j * nb + b], 2 * m, 2 * m + 1);
+                UNROLLED for (int t = 0; t < T; t++) {
+                    const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                    __m256i bsums = dword_bcast((const int8_t *)(xb->bsums + 2 * m)); /* bsums 2m, 2m + 1 */
+                    corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(pairs, bsums));
+                }
+            }
+            UNROLLED for (int t = 0; t < T; t++)
+                isum[j][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr[t], 5));
+        }
+        /* two loops of 8: GCC would not unroll one of 16 */
+        UNROLLED for (int h = 0; h < 2; h++) UNROLLED for (int s8 = 0; s8 < 8; s8++) {
+            const int s = 8 * h + s8, high = s8 / 4, p = s8 % 4 / 2, kq = s8 % 2;
+            __m256i acc[2][4], scale[2];
+            UNROLLED for (int j = 0; j < G; j++) scale[j] = q6_scale_pairs(&w[j * nb + b], s, s);
+            UNROLLED for (int kk = 0; kk < 4; kk++) {
+                const int k = 4 * kq + kk;
+                __m256i q[2];
+                UNROLLED for (int j = 0; j < G; j++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].ql + 256 * (2 * h + p) + 32 * k));
+                    __m256i hb = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qh + 256 * h + 32 * k));
+                    /* bits 2p (4 + 2p) of qh to bits 4, 5; what the 16-bit shifts carry across bytes is masked off */
+                    q[j] = high ? _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                                                  _mm256_and_si256(p ? _mm256_srli_epi16(hb, 2) : hb, top2))
+                                : _mm256_or_si256(_mm256_and_si256(v, low4),
+                                                  _mm256_and_si256(_mm256_slli_epi16(hb, 4 - 2 * p), top2));
+                }
+                UNROLLED for (int t = 0; t < T; t++) {
+                    const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                    __m256i xd = dword_bcast(xb->qs + 128 * h + 64 * high + 32 * p + 4 * k);
+                    UNROLLED for (int j = 0; j < G; j++) {
+                        __m256i prod = _mm256_maddubs_epi16(q[j], xd);
+                        acc[j][t] = kk % 2 == 0 ? prod : _mm256_add_epi16(acc[j][t], prod);
+                        IN_ORDER(acc[j][t]);
+                        if (kk % 2) isum[j][t] = _mm256_add_epi32(isum[j][t], _mm256_madd_epi16(acc[j][t], scale[j]));
+                    }
+                }
+            }
+        }
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
+                sd[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][t]), sc, sd[j][t]);
+            }
+        }
+    }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
+}
+
+/* Ints of stack for the activation offsets of a call (q5_0_offsets): 32 KiB, rows of them at a time. */
+enum { OFFSET_INTS = 8192 };
+/* For the types whose tiles take no offsets. */
+static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t *off) {
+    (void)x, (void)xs, (void)nb, (void)rows, (void)off;
+}
+
+/* NAME(packed, nb, g0, g1, row_end, x, xs, n, y, ldy) over NAME_part. OFFSETS (where NEEDS is 1)
+ * makes what the tiles need of each activation block first, on the stack for as many rows as
+ * OFFSET_INTS holds (every row of a prefill but of the widest matrices, whose groups then pass over
+ * the rows in parts). A row wider than that (over 262,144 columns) goes to SCALAR, the reference
+ * whose bits every kernel gives. */
+#define PACKED_GEMM(NAME, OFFSETS, NEEDS, SCALAR)                                                            \
+    PX_TARGET static void PX_NAME(NAME)(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end, \
+                                    const void *vx, int64_t xs, int n, float *y, int64_t ldy) {           \
+        int32_t off[OFFSET_INTS];                                                                         \
+        int64_t fit = NEEDS ? OFFSET_INTS / nb : n;                                                       \
+        if (fit == 0) {                                                                                   \
+            SCALAR(packed, nb, g0, g1, row_end, vx, xs, n, y, ldy);                                       \
+            return;                                                                                       \
+        }                                                                                                 \
+        int part = fit >= n ? n : fit >= 4 ? (int)(fit / 4 * 4) : (int)fit;                              \
+        for (int t0 = 0; t0 < n; t0 += part) {                                                            \
+            int m = n - t0 < part ? n - t0 : part;                                                        \
+            const char *x = (const char *)vx + t0 * xs;                                                   \
+            OFFSETS(x, xs, nb, m, off);                                                                   \
+            PX_NAME(NAME##_part)(packed, nb, g0, g1, row_end, x, xs, m, y + t0 * ldy, ldy, off);                   \
+        }                                                                                                 \
+    }
+
+/* NAME_part over TILE: one activation row with two groups at a time (the last alone), more in tiles
+ * of 4 activation rows per group and one of the rest. The first tile over a group prefetches the
+ * next groups of the range (prefetch_next). off: the rows' offsets, nb a row. */
+#define PACKED_GEMM_PART(NAME, BLOCK, TILE)                                                                 \
+    PX_TARGET static void PX_NAME(NAME##_part)(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end, \
+                                           const char *x, int64_t xs, int n, float *y, int64_t ldy,       \
+                                           const int32_t *off) {                                          \
+        const BLOCK *w = packed;                                                                          \
+        for (int64_t g = g0; g < g1;) {                                                                   \
+            const BLOCK *wg = w + g * nb;                                                                 \
+            float *yg = y + g * PL_PACK_ROWS;                                                             \
+            int64_t left = row_end - g * PL_PACK_ROWS;                                                    \
+            int G = n == 1 && g + 1 < g1 ? 2 : 1;                                                         \
+            int64_t ahead = g1 - g - G < G ? g1 - g - G : G; /* groups of the next tile */                \
+            const char *pf = (const char *)(wg + G * nb);                                                 \
+            int64_t pf_bytes = ahead * (int64_t)sizeof(BLOCK);                                            \
+            if (G == 2) {                                                                                 \
+                TILE(wg, nb, 2, x, xs, 1, yg, ldy, left, pf, pf_bytes, off);                              \
+                g += 2;                                                                                   \
+                continue;                                                                                 \
+            }                                                                                             \
+            int t = 0;                                                                                    \
+            for (; t + 4 <= n; t += 4, pf_bytes = 0)                                                      \
+                TILE(wg, nb, 1, x + t * xs, xs, 4, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb);  \
+            switch (n - t) {                                                                              \
+            case 3: TILE(wg, nb, 1, x + t * xs, xs, 3, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
+            case 2: TILE(wg, nb, 1, x + t * xs, xs, 2, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
+            case 1: TILE(wg, nb, 1, x + t * xs, xs, 1, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
+            }                                                                                             \
+            g++;                                                                                          \
+        }                                                                                                 \
+    }
+
+#define PACKED_KERNEL(NAME, BLOCK, TILE, OFFSETS, NEEDS, SCALAR) \
+    PACKED_GEMM_PART(NAME, BLOCK, TILE)                         \
+    PACKED_GEMM(NAME, OFFSETS, NEEDS, SCALAR)
+
+PACKED_KERNEL(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, no_offsets, 0, pl_gemm_q4_1x8_scalar)
+PACKED_KERNEL(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
+PACKED_KERNEL(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, no_offsets, 0, pl_gemm_q8_0x8_scalar)
+PACKED_KERNEL(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, no_offsets, 0, pl_gemm_q4_Kx8_scalar)
+PACKED_KERNEL(gemm_q6_Kx8, pl_block_q6_Kx8, q6_K_tile, no_offsets, 0, pl_gemm_q6_Kx8_scalar)
+
+int PX_NAME(pl_install_packed)(void) {
+    pl_packed.q4_1 = PX_NAME(gemm_q4_1x8);
+    pl_packed.q5_0 = PX_NAME(gemm_q5_0x8);
+    pl_packed.q8_0 = PX_NAME(gemm_q8_0x8);
+    pl_packed.q4_K = PX_NAME(gemm_q4_Kx8);
+    pl_packed.q6_K = PX_NAME(gemm_q6_Kx8);
+    return 1;
+}
