@@ -28,7 +28,7 @@ static unsigned long long xgetbv0(void) {
 }
 #endif
 
-static int vnni = 0; /* AVX-512 VNNI, set by detect() */
+static int vnni = 0, avx_vnni = 0; /* AVX-512 VNNI and AVX-VNNI, set by detect() */
 
 static int detect(void) {
     unsigned r1[4], r7[4];
@@ -47,15 +47,18 @@ static int detect(void) {
     int avx512 = ((r7[1] >> 16) & 1) && ((r7[1] >> 17) & 1) /* dq */ && ((r7[1] >> 30) & 1) /* bw */ &&
                  ((r7[1] >> 31) & 1) /* vl */;
     if (!(os_avx && avx && avx2 && fma && f16c)) return PL_ISA_SCALAR;
+    unsigned r71[4];
+    cpuid(7, 1, r71);
+    avx_vnni = (r71[0] >> 4) & 1;
     if (!(os_avx512 && avx512)) return PL_ISA_AVX2;
     vnni = (r7[2] >> 11) & 1;
     return PL_ISA_AVX512;
 }
 #elif defined(PL_ARM64) && defined(__ARM_NEON)
-static const int vnni = 0;
+static const int vnni = 0, avx_vnni = 0;
 static int detect(void) { return PL_ISA_NEON; }
 #else
-static const int vnni = 0;
+static const int vnni = 0, avx_vnni = 0;
 static int detect(void) { return PL_ISA_SCALAR; }
 #endif
 
@@ -91,6 +94,11 @@ int pl_current_isa(void) { return current_isa; }
 int pl_cpu_has_vnni(void) {
     pl_cpu_best_isa();
     return vnni;
+}
+
+int pl_cpu_has_avx_vnni(void) {
+    pl_cpu_best_isa();
+    return avx_vnni;
 }
 
 const char *pl_isa_name(int isa) {

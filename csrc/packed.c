@@ -307,9 +307,12 @@ void pl_install_packed_kernels(int isa) {
     pl_packed.q4_K = pl_gemm_q4_Kx8_scalar;
     pl_packed.q6_K = pl_gemm_q6_Kx8_scalar;
     installed = "scalar";
-    /* An AVX-512 machine runs the AVX2 kernels, or with VNNI their vpdpbusd build: see packed_avx2.c. */
+    /* An AVX-512 machine runs the AVX2 kernels, or with VNNI their vpdpbusd build: see packed_avx2.c.
+     * An AVX2 machine with AVX-VNNI (without AVX-512) runs that build's VEX form. */
     if (isa == PL_ISA_AVX512 && pl_cpu_has_vnni() && pl_install_packed_vnni())
         installed = "vnni";
+    else if (isa == PL_ISA_AVX2 && pl_cpu_has_avx_vnni() && pl_install_packed_avxvnni())
+        installed = "avxvnni";
     else if ((isa == PL_ISA_AVX2 || isa == PL_ISA_AVX512) && pl_install_packed_avx2())
         installed = "avx2";
     else if (isa == PL_ISA_NEON && pl_install_packed_neon())

@@ -154,7 +154,8 @@ pl_packed_gemm_fn pl_packed_kernel_of(const pl_packed_kernels *k, int type);
 void pl_install_packed_kernels(int isa);
 int pl_install_packed_avx2(void);
 int pl_install_packed_vnni(void);
-/* Which build of the kernels is installed: "scalar", "avx2", "vnni" or "neon". */
+int pl_install_packed_avxvnni(void);
+/* Which build of the kernels is installed: "scalar", "avx2", "vnni", "avxvnni" or "neon". */
 const char *pl_packed_kernels_name(void);
 int pl_install_packed_neon(void);
 

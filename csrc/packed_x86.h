@@ -1,7 +1,9 @@
-/* packed_x86.h — the body of the x86 packed GEMM kernels (packed.h), built twice: packed_avx2.c
- * with maddubs (AVX2), packed_vnni.c with vpdpbusd (AVX-512 VNNI on 256-bit registers). Each defines
- * PX_TARGET (the functions' target), PX_SUFFIX (their names' ending) and PX_VNNI before including it;
- * only the u8·s8 inner products differ (pair_dot and signed_dot), so the two give the same bits.
+/* packed_x86.h — the body of the x86 packed GEMM kernels (packed.h), built three times: packed_avx2.c
+ * with maddubs (AVX2), packed_vnni.c and packed_avxvnni.c with vpdpbusd (AVX-512 VNNI on 256-bit
+ * registers; AVX-VNNI, its VEX form on CPUs without AVX-512). Each defines PX_TARGET (the functions'
+ * target), PX_SUFFIX (their names' ending) and PX_VNNI (0, 1: AVX-512 VNNI, 2: AVX-VNNI) before
+ * including it; only the u8·s8 inner products differ (pair_dot and signed_dot), so all give the same
+ * bits.
  *
  * A chunk of a packed block is one 32-byte register: 4 elements of each of 8 weight rows. maddubs
  * against an activation dword broadcast to all lanes gives, per row, two i16 partial sums, which
@@ -63,14 +65,17 @@ PX_TARGET static inline __m256i pair_sums(__m256i p) {
  * below 2^15) or in i32 where vpdpbusd does; pair_widen gives the i32 lanes either way. signed_dot
  * is one register's products in i32. Integer sums, exact: both builds give the same bits. */
 #if PX_VNNI
+#if PX_VNNI == 2
+#define DPBUSD _mm256_dpbusd_avx_epi32
+#else
+#define DPBUSD _mm256_dpbusd_epi32
+#endif
 PX_TARGET static inline __m256i pair_dot(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
-    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
+    return DPBUSD(DPBUSD(_mm256_setzero_si256(), u0, s0), u1, s1);
 }
 PX_TARGET static inline __m256i pair_add(__m256i p, __m256i q) { return _mm256_add_epi32(p, q); }
 PX_TARGET static inline __m256i pair_widen(__m256i p) { return p; }
-PX_TARGET static inline __m256i signed_dot(__m256i u, __m256i s) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-}
+PX_TARGET static inline __m256i signed_dot(__m256i u, __m256i s) { return DPBUSD(_mm256_setzero_si256(), u, s); }
 #else
 PX_TARGET static inline __m256i pair_dot(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
     return _mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1));

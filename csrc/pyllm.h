@@ -83,8 +83,10 @@ int pl_cpu_best_isa(void);
 int pl_set_isa(int isa);
 int pl_current_isa(void);
 const char *pl_isa_name(int isa);
-/* Whether this AVX-512 CPU has VNNI: its ISA then runs the packed kernels' vpdpbusd build. */
+/* Whether this AVX-512 CPU has VNNI, and whether this AVX2 CPU has AVX-VNNI: the avx512 (avx2) ISA
+ * then runs the packed kernels' vpdpbusd build. */
 int pl_cpu_has_vnni(void);
+int pl_cpu_has_avx_vnni(void);
 
 /* The few vector kernels the ops and attention share, switched with the ISA. */
 typedef struct {
@@ -130,9 +132,9 @@ void pl_pool_run(pl_pool *pool, pl_task_fn fn, void *arg);
 /* Inside a task: wait until every thread of the pool reaches this point. */
 void pl_barrier(pl_pool *pool);
 /* Work dealt on demand: between two barriers the threads take chunk indices (0, 1, 2, ... in all)
- * until they run past the work; each barrier starts the count afresh for the phase it opens. A
- * thread that the system stops for a while then delays the others by one chunk, not by its whole
- * share. */
+ * until they run past the work, one piece of dealt work per such phase; each barrier starts the
+ * count afresh for the phase it opens. A thread that the system stops for a while then delays the
+ * others by one chunk, not by its whole share. */
 int64_t pl_pool_take_chunk(pl_pool *pool);
 
 /* ---------------------------------------------------------------- BLAS from SciPy */

@@ -55,6 +55,7 @@ cdef extern from "pyllm.h" nogil:
     int pl_current_isa()
     const char *pl_isa_name(int isa)
     int pl_cpu_has_vnni()
+    int pl_cpu_has_avx_vnni()
 
     ctypedef struct pl_pool:
         pass
@@ -209,7 +210,7 @@ def current_isa() -> str:
 
 def packed_kernels() -> str:
     """Which build of the packed GEMM kernels the current ISA installed: "scalar", "avx2", "vnni"
-    (the avx512 ISA on a CPU with VNNI) or "neon"."""
+    (the avx512 ISA on a CPU with VNNI), "avxvnni" (the avx2 ISA on a CPU with AVX-VNNI) or "neon"."""
     return pl_packed_kernels_name().decode()
 
 
@@ -217,6 +218,12 @@ def cpu_has_vnni() -> bool:
     """Whether this AVX-512 CPU has VNNI, whose packed kernels (csrc/packed_vnni.c) the avx512 ISA
     then installs."""
     return bool(pl_cpu_has_vnni())
+
+
+def cpu_has_avx_vnni() -> bool:
+    """Whether this CPU has AVX-VNNI, whose packed kernels (csrc/packed_avxvnni.c) the avx2 ISA then
+    installs."""
+    return bool(pl_cpu_has_avx_vnni())
 
 
 def set_isa(name: str) -> str:

@@ -1102,8 +1102,9 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    printf("isa_check: this CPU's best ISA is %s%s\n", pl_isa_name(pl_cpu_best_isa()),
-           pl_cpu_has_vnni() ? ", with VNNI (its packed kernels: the vpdpbusd build)" : "");
+    printf("isa_check: this CPU's best ISA is %s%s%s\n", pl_isa_name(pl_cpu_best_isa()),
+           pl_cpu_has_vnni() ? "; AVX-512 VNNI (avx512's packed kernels: the vpdpbusd build)" : "",
+           pl_cpu_has_avx_vnni() ? "; AVX-VNNI (avx2's packed kernels: its VEX build)" : "");
     kernel_set scalar, simd;
     if (pl_set_isa(PL_ISA_SCALAR) != PL_ISA_SCALAR) {
         fprintf(stderr, "isa_check: cannot install the scalar kernels\n");
