@@ -18,7 +18,7 @@
  * groups at a time, so that two chains of fmadd overlap.
  */
 #ifndef PX_TARGET
-#error "packed_x86.h is included by packed_avx2.c and packed_vnni.c after they define PX_TARGET"
+#error "packed_x86.h is included by packed_avx2.c, packed_vnni.c and packed_avxvnni.c after they define PX_TARGET"
 #endif
 
 #include <string.h>
@@ -493,7 +493,7 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
  * whose bits every kernel gives. */
 #define PACKED_GEMM(NAME, OFFSETS, NEEDS, SCALAR)                                                            \
     PX_TARGET static void PX_NAME(NAME)(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end, \
-                                    const void *vx, int64_t xs, int n, float *y, int64_t ldy) {           \
+                                        const void *vx, int64_t xs, int n, float *y, int64_t ldy) {       \
         int32_t off[OFFSET_INTS];                                                                         \
         int64_t fit = NEEDS ? OFFSET_INTS / nb : n;                                                       \
         if (fit == 0) {                                                                                   \
@@ -513,9 +513,9 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
  * of 4 activation rows per group and one of the rest. The first tile over a group prefetches the
  * next groups of the range (prefetch_next). off: the rows' offsets, nb a row. */
 #define PACKED_GEMM_PART(NAME, BLOCK, TILE)                                                                 \
-    PX_TARGET static void PX_NAME(NAME##_part)(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end, \
-                                           const char *x, int64_t xs, int n, float *y, int64_t ldy,       \
-                                           const int32_t *off) {                                          \
+    PX_TARGET static void PX_NAME(NAME##_part)(const void *packed, int64_t nb, int64_t g0, int64_t g1,       \
+                                               int64_t row_end, const char *x, int64_t xs, int n, float *y,   \
+                                               int64_t ldy, const int32_t *off) {                             \
         const BLOCK *w = packed;                                                                          \
         for (int64_t g = g0; g < g1;) {                                                                   \
             const BLOCK *wg = w + g * nb;                                                                 \
