@@ -5,6 +5,8 @@
         --threads 2 --out benchmarks/RESULTS.md                 # + llama.cpp and pyllm on the GGUF
     python benchmarks/bench.py --model FILE.gguf --engines pyllm,llama.cpp --pyllm-kv-dtype f16 \\
         --prefill-lengths 2048 --decode-at 2000,4000 --decode-tokens 64   # long contexts
+    python benchmarks/bench.py --model FILE.gguf --engines pyllm,llama.cpp --pyllm-kv-dtype f32,f16
+                                                # pyllm's default cache and llama.cpp's, same rounds
 
 Every engine runs in its own subprocess (started again for every repeat), so its peak RSS is its own
 and no engine inherits another's threads, allocator state or warm caches. The parent only tokenizes the
@@ -39,6 +41,7 @@ PREFILL_LENGTHS = (128, 512)  # --prefill-lengths
 DECODE_PROMPT = 128  # decode starts after a prompt of this many tokens (--decode-at)
 N_CTX = 2048  # every engine gets the same context size, so cache allocation is comparable (more
              # when a prompt or decode position needs it)
+KV_DTYPES = ("f32", "f16", "q8_0")  # --pyllm-kv-dtype
 CHECK_TOKENS = 16  # greedy tokens compared across engines to show each one ran the same model
 READ_BUFFER_BYTES = 1 << 28  # the plain read before each round: 8x a 32 MiB last-level cache
 RESULT_MARK = "BENCH_RESULT "  # the child's one stdout line the parent reads
@@ -324,16 +327,27 @@ def spawn(spec: dict, threads: int) -> dict:
     return {"error": f"crashed (exit {proc.returncode}): {tail[:200]}"}
 
 
+def pyllm_row(base: str, kv_dtype: str | None, kv_dtypes: list[str | None]) -> str:
+    """A pyllm row's name: base ("pyllm", "pyllm (gguf)"), and its KV cache type when the run times
+    more than one; the first type keeps the plain name, which the ratios and checks pair by."""
+    if kv_dtype == kv_dtypes[0]:
+        return base
+    return f"{base[:-1]}, {kv_dtype} KV)" if base.endswith(")") else f"{base} ({kv_dtype} KV)"
+
+
 def plan_runs(args) -> list[dict]:
-    """One row per (engine, model file). pyllm runs on the folder and, with --gguf, on the GGUF."""
+    """One row per (engine, model file), pyllm's once per KV cache type. pyllm runs on the folder
+    and, with --gguf, on the GGUF."""
     runs = []
     for engine in args.engines:
         if engine == "pyllm":
-            if args.model != args.gguf:
-                runs.append({"row": "pyllm", "engine": engine, "source": args.model, "dtype": args.pyllm_dtype})
-            if args.gguf:
-                runs.append({"row": "pyllm (gguf)", "engine": engine, "source": args.gguf,
-                             "dtype": args.pyllm_dtype})
+            for kv in args.pyllm_kv_dtype:
+                if args.model != args.gguf:
+                    runs.append({"row": pyllm_row("pyllm", kv, args.pyllm_kv_dtype), "engine": engine,
+                                 "source": args.model, "dtype": args.pyllm_dtype, "kv_dtype": kv})
+                if args.gguf:
+                    runs.append({"row": pyllm_row("pyllm (gguf)", kv, args.pyllm_kv_dtype), "engine": engine,
+                                 "source": args.gguf, "dtype": args.pyllm_dtype, "kv_dtype": kv})
         elif engine.startswith("transformers-"):
             runs.append({"row": engine, "engine": engine, "source": args.model})
         elif engine == "llama.cpp":
@@ -474,8 +488,8 @@ def render(args, runs, combined, warnings, results, ceiling) -> str:
         f"{', '.join(map(str, args.decode_at))} tokens, first step untimed; context {n_ctx(args)}; "
         f"repeats: {args.repeats}, each a fresh process, "
         f"{'best' if args.stat == 'best' else 'median'} of them shown (peak RSS: the highest)"),
-        (f"- KV cache: pyllm {args.pyllm_kv_dtype or 'f32'}, llama.cpp f16 (its default), transformers "
-         f"the model's dtype"),
+        (f"- KV cache: pyllm {' and '.join(kv or 'f32' for kv in args.pyllm_kv_dtype)}, llama.cpp f16 "
+         f"(its default), transformers the model's dtype"),
         "",
         ("| engine | model file | weights | load s | " + " | ".join(f"{t} tok/s" for _, t in columns(args))
          + " | peak RSS MB |"),
@@ -502,9 +516,11 @@ def render(args, runs, combined, warnings, results, ceiling) -> str:
         other = combined[run["row"]]
         if run["engine"] == "pyllm" or "error" in other:
             continue
-        mine = "pyllm (gguf)" if run["engine"] == "llama.cpp" else "pyllm"
-        if mine in combined and "error" not in combined[mine]:
-            pairs.append((mine, run["row"], combined[mine], other))
+        base = "pyllm (gguf)" if run["engine"] == "llama.cpp" else "pyllm"
+        for kv in args.pyllm_kv_dtype:
+            mine = pyllm_row(base, kv, args.pyllm_kv_dtype)
+            if mine in combined and "error" not in combined[mine]:
+                pairs.append((mine, run["row"], combined[mine], other))
     if pairs:
         lines += ["", ("pyllm ÷ other engine on the same file (throughput: above 1 = pyllm faster; "
                   "load time and RSS: below 1 = pyllm lighter):"), "",
@@ -582,8 +598,9 @@ def main(argv=None) -> int:
     parser.add_argument("--decode-at", default=str(DECODE_PROMPT),
                         help="comma list of positions (prompt lengths) decode starts at")
     parser.add_argument("--pyllm-dtype", help='passed to pyllm.load(dtype=...), e.g. "q8_0", "q4_0", "bf16"')
-    parser.add_argument("--pyllm-kv-dtype", choices=("f32", "f16", "q8_0"),
-                        help="pyllm's KV cache type (pyllm.load(kv_dtype=...)); llama.cpp's is f16")
+    parser.add_argument("--pyllm-kv-dtype", default="",
+                        help="pyllm's KV cache type (pyllm.load(kv_dtype=...): f32, f16, q8_0), or a comma "
+                             "list: a pyllm row for each, in the same rounds; llama.cpp's is f16")
     parser.add_argument("--out", help="append the table to this markdown file (e.g. benchmarks/RESULTS.md)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -609,6 +626,10 @@ def main(argv=None) -> int:
         parser.error("--prefill-lengths and --decode-at take comma lists of integers")
     if not args.prefill_lengths or not args.decode_at or min(args.prefill_lengths + args.decode_at) < 1:
         parser.error("--prefill-lengths and --decode-at need positive lengths")
+    args.pyllm_kv_dtype = [x.strip() for x in args.pyllm_kv_dtype.split(",") if x.strip()] or [None]
+    bad = [x for x in args.pyllm_kv_dtype if x not in KV_DTYPES]
+    if bad or len(set(args.pyllm_kv_dtype)) < len(args.pyllm_kv_dtype):
+        parser.error(f"--pyllm-kv-dtype takes distinct types among {', '.join(KV_DTYPES)}")
 
     ids = prompt_ids(args.model, prompt_length(args))
     warnings = []
@@ -631,7 +652,7 @@ def main(argv=None) -> int:
             spec = {"engine": run["engine"], "source": run["source"], "dtype": run.get("dtype"),
                     "threads": args.threads, "ids": ids, "decode_tokens": args.decode_tokens,
                     "prefill_lengths": args.prefill_lengths, "decode_at": args.decode_at, "n_ctx": n_ctx(args),
-                    "kv_dtype": args.pyllm_kv_dtype}
+                    "kv_dtype": run.get("kv_dtype")}
             t0 = time.perf_counter()
             result = spawn(spec, args.threads)
             results[run["row"]].append(result)
