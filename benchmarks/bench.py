@@ -626,10 +626,10 @@ def main(argv=None) -> int:
         parser.error("--prefill-lengths and --decode-at take comma lists of integers")
     if not args.prefill_lengths or not args.decode_at or min(args.prefill_lengths + args.decode_at) < 1:
         parser.error("--prefill-lengths and --decode-at need positive lengths")
-    args.pyllm_kv_dtype = [x.strip() for x in args.pyllm_kv_dtype.split(",") if x.strip()] or [None]
-    bad = [x for x in args.pyllm_kv_dtype if x not in KV_DTYPES]
-    if bad or len(set(args.pyllm_kv_dtype)) < len(args.pyllm_kv_dtype):
+    kv_dtypes = [x.strip() for x in args.pyllm_kv_dtype.split(",") if x.strip()]
+    if any(x not in KV_DTYPES for x in kv_dtypes) or len(set(kv_dtypes)) < len(kv_dtypes):
         parser.error(f"--pyllm-kv-dtype takes distinct types among {', '.join(KV_DTYPES)}")
+    args.pyllm_kv_dtype = kv_dtypes or [None]  # None: pyllm's default (f32)
 
     ids = prompt_ids(args.model, prompt_length(args))
     warnings = []
