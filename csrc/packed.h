@@ -155,6 +155,7 @@ void pl_install_packed_kernels(int isa);
 int pl_install_packed_avx2(void);
 int pl_install_packed_vnni(void);
 int pl_install_packed_avxvnni(void);
+int pl_packed_avxvnni_compiled(void); /* whether this core has the AVX-VNNI build (its compiler knew it) */
 /* Which build of the kernels is installed: "scalar", "avx2", "vnni", "avxvnni" or "neon". */
 const char *pl_packed_kernels_name(void);
 int pl_install_packed_neon(void);

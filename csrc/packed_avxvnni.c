@@ -19,6 +19,8 @@
 #define PX_SUFFIX _avxvnni
 #define PX_VNNI 2
 #include "packed_x86.h"
+int pl_packed_avxvnni_compiled(void) { return 1; }
 #else
 int pl_install_packed_avxvnni(void) { return 0; }
+int pl_packed_avxvnni_compiled(void) { return 0; }
 #endif

@@ -167,6 +167,7 @@ cdef extern from "packed.h" nogil:
     enum: PL_PACK_ROWS
     int pl_packed_type(int type)
     const char *pl_packed_kernels_name()
+    int pl_packed_avxvnni_compiled()
     int64_t pl_packed_bytes(int type, int64_t rows, int64_t cols)
     int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *dst, int64_t g0, int64_t g1)
     int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
@@ -224,6 +225,12 @@ def cpu_has_avx_vnni() -> bool:
     """Whether this CPU has AVX-VNNI, whose packed kernels (csrc/packed_avxvnni.c) the avx2 ISA then
     installs."""
     return bool(pl_cpu_has_avx_vnni())
+
+
+def packed_avxvnni_compiled() -> bool:
+    """Whether this core was built with the AVX-VNNI kernels (its compiler knew AVX-VNNI); without
+    them the avx2 ISA installs the AVX2 build on an AVX-VNNI CPU too."""
+    return bool(pl_packed_avxvnni_compiled())
 
 
 def set_isa(name: str) -> str:
