@@ -1,6 +1,7 @@
 """Times the packed GEMM kernel (csrc/packed*.c) against the row kernels the matmul uses today.
 
     python benchmarks/bench_packed.py [--types q4_1,q5_0,q8_0] [--n 1,4,8,16,128] [--isa best]
+                                      # --types also takes q4_K and q6_K
 
 One thread. For each weight type, a matrix that fits in L2 (~384 KiB) and a large one (~60 MB,
 memory-bound), multiplied by n activation rows already quantized to the type's vec_dot_type:
@@ -28,7 +29,7 @@ from bench import git_commit, machine, version  # noqa: E402
 from pyllm import _core  # noqa: E402
 from pyllm.dtypes import WeightType as W  # noqa: E402
 
-TYPES = {"q4_1": W.Q4_1, "q5_0": W.Q5_0, "q8_0": W.Q8_0}
+TYPES = {"q4_1": W.Q4_1, "q5_0": W.Q5_0, "q8_0": W.Q8_0, "q4_K": W.Q4_K, "q6_K": W.Q6_K}
 COLS = 1536
 
 
