@@ -3,10 +3,10 @@
     python benchmarks/bench.py                                  # pyllm + transformers f32/bf16
     python benchmarks/bench.py --gguf ~/.cache/pyllm/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --threads 2 --out benchmarks/RESULTS.md                 # + llama.cpp and pyllm on the GGUF
-    python benchmarks/bench.py --model FILE.gguf --engines pyllm,llama.cpp --pyllm-kv-dtype f16 \\
+    python benchmarks/bench.py --model FILE.gguf --engines pyllm,llama.cpp \\
         --prefill-lengths 2048 --decode-at 2000,4000 --decode-tokens 64   # long contexts
     python benchmarks/bench.py --model FILE.gguf --engines pyllm,llama.cpp --pyllm-kv-dtype f32,f16
-                                                # pyllm's default cache and llama.cpp's, same rounds
+                                                # pyllm's f32 and f16 caches, same rounds
 
 Every engine runs in its own subprocess (started again for every repeat), so its peak RSS is its own
 and no engine inherits another's threads, allocator state or warm caches. The parent only tokenizes the
@@ -65,6 +65,7 @@ class PyllmEngine:
         if kv_dtype:
             kwargs["kv_dtype"] = kv_dtype
         self.llm = pyllm.load(source, **kwargs)
+        self.kv_dtype = getattr(self.llm, "kv_dtype", "f32")  # what the default chose, where none is named
 
     def prefill(self, ids: list[int]) -> int:
         self.llm.reset()  # _prefill reuses a cached prefix; a timing must start from an empty cache
@@ -220,6 +221,8 @@ def run_child(spec: dict) -> dict:
     result = {"load_s": load_s}
     if hasattr(engine, "build"):
         result["build"] = engine.build
+    if hasattr(engine, "kv_dtype"):
+        result["kv_dtype"] = engine.kv_dtype
     for n in prefill_lengths:
         result[f"prefill{n}"] = time_prefill(engine, ids[:n])
     for i, p in enumerate(spec.get("decode_at", [DECODE_PROMPT])):
@@ -469,6 +472,17 @@ def per_round_lines(args, runs, results, pairs, ceiling) -> list[str]:
     return [""] + out if out else []
 
 
+def kv_caches(runs: list[dict], results: dict) -> str:
+    """Each pyllm row's cache type as its children reported it ("pyllm (gguf) f16, pyllm f32"): where
+    none is named, pyllm's default depends on the weights."""
+    parts = []
+    for run in runs:
+        if run["engine"] == "pyllm":
+            seen = sorted({r["kv_dtype"] for r in results.get(run["row"], []) if "kv_dtype" in r})
+            parts.append(f"{run['row']} {'/'.join(seen) or run.get('kv_dtype') or '?'}")
+    return ", ".join(parts) or "no pyllm row"
+
+
 def render(args, runs, combined, warnings, results, ceiling) -> str:
     import pyllm
 
@@ -488,8 +502,7 @@ def render(args, runs, combined, warnings, results, ceiling) -> str:
         f"{', '.join(map(str, args.decode_at))} tokens, first step untimed; context {n_ctx(args)}; "
         f"repeats: {args.repeats}, each a fresh process, "
         f"{'best' if args.stat == 'best' else 'median'} of them shown (peak RSS: the highest)"),
-        (f"- KV cache: pyllm {' and '.join(kv or 'f32' for kv in args.pyllm_kv_dtype)}, llama.cpp f16 "
-         f"(its default), transformers the model's dtype"),
+        (f"- KV cache: {kv_caches(runs, results)}, llama.cpp f16 (its default), transformers the model's dtype"),
         "",
         ("| engine | model file | weights | load s | " + " | ".join(f"{t} tok/s" for _, t in columns(args))
          + " | peak RSS MB |"),
@@ -629,7 +642,7 @@ def main(argv=None) -> int:
     kv_dtypes = [x.strip() for x in args.pyllm_kv_dtype.split(",") if x.strip()]
     if any(x not in KV_DTYPES for x in kv_dtypes) or len(set(kv_dtypes)) < len(kv_dtypes):
         parser.error(f"--pyllm-kv-dtype takes distinct types among {', '.join(KV_DTYPES)}")
-    args.pyllm_kv_dtype = kv_dtypes or [None]  # None: pyllm's default (f32)
+    args.pyllm_kv_dtype = kv_dtypes or [None]  # None: pyllm's default (f16 for quantized weights, else f32)
 
     ids = prompt_ids(args.model, prompt_length(args))
     warnings = []

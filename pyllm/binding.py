@@ -46,6 +46,21 @@ LOW_BIT = {WeightType.Q4_0, WeightType.Q4_1, WeightType.Q5_0, WeightType.Q5_1, W
            WeightType.Q5_K}
 
 
+def int8_activations(core: _core.CoreModel) -> bool:
+    """Whether the core's matmuls multiply 8-bit activations: with any quantized matrix they do, at
+    every prompt length (so that prefill computes what decode does); with only float ones (f32, f16,
+    bf16) activations stay float32."""
+    return any(_core.vec_dot_type(int(t)) != int(WeightType.F32) for t in core.weight_types)
+
+
+def default_kv_dtype(core: _core.CoreModel) -> str:
+    """The KV cache type of pyllm.load(kv_dtype=None): f16 for quantized weights, as llama.cpp's
+    default cache (half the cache's memory and reads; the logits move no more than another ISA's
+    kernels move them through the 8-bit activations: tests/test_kv_cache.py), f32 for float
+    weights, whose logits are proven against transformers'."""
+    return "f16" if int8_activations(core) else "f32"
+
+
 def parse_dtype(dtype: str | None) -> WeightType | None:
     if dtype is None:
         return None

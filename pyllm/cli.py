@@ -50,7 +50,7 @@ def load_model(args: argparse.Namespace, **settings):
 
     settings.setdefault("threads", args.threads)
     settings.setdefault("n_ctx", getattr(args, "n_ctx", None))
-    settings.setdefault("kv_dtype", getattr(args, "kv_dtype", "f32"))
+    settings.setdefault("kv_dtype", getattr(args, "kv_dtype", None))
     return load(args.model, file=args.file, revision=args.revision, **settings)
 
 
@@ -265,9 +265,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="context length to allocate (default: the model's, at most 4096)")
 
     def kv_dtype_arg(p):
-        p.add_argument("--kv-dtype", choices=["f32", "f16", "q8_0"], default="f32",
+        p.add_argument("--kv-dtype", choices=["f32", "f16", "q8_0"], default=None,
                        help="the KV cache's element type: f16 halves its memory and bandwidth (long contexts), "
-                            "q8_0 about quarters it")
+                            "q8_0 about quarters it (default: f16 for quantized weights, f32 for float ones)")
 
     def sampling_args(p, max_tokens):
         p.add_argument("--max-tokens", type=_count, default=max_tokens)

@@ -14,7 +14,7 @@ import numpy as np
 from . import _core, arch, hub
 from .arch.common import eos_ids
 from .arch.spec import ModelSpec
-from .binding import build_core, parse_dtype
+from .binding import build_core, default_kv_dtype, parse_dtype
 from .errors import ContextLengthError, FormatError
 from .formats.gguf import GGUFFile
 from .formats.json_files import read_json_object
@@ -78,7 +78,7 @@ class Model:
 
     @property
     def kv_dtype(self) -> str:
-        """The KV caches' element type: "f32" or "f16"."""
+        """The KV caches' element type: "f32", "f16" or "q8_0"."""
         return self._core.kv_dtype
 
     @property
@@ -550,7 +550,7 @@ def _load_gguf(path: str, threads: int, dtype):
 
 def load(source, *, threads: int | None = None, n_ctx: int | None = None,
          dtype: str | None = None, file: str | None = None, revision: str | None = None,
-         token: str | bool | None = None, parallel: int = 4, kv_dtype: str = "f32") -> Model:
+         token: str | bool | None = None, parallel: int = 4, kv_dtype: str | None = None) -> Model:
     """Loads a model: a Hugging Face folder (config.json, *.safetensors, tokenizer.json), a .gguf
     file, an alias such as "smollm2" (fetched into the cache on first use), or a Hugging Face id
     such as "HuggingFaceTB/SmolLM2-135M-Instruct" (needs pyllm[hub]; taken from the HF cache when it
@@ -567,9 +567,10 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
     weight matrix at load, in C on all threads: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0",
     "q5_1", "q4_k", "q5_k", "q6_k" (k-quants fall back to q5_0/q5_1/q8_0 for rows that are not whole
     256-blocks); norms stay f32. None keeps what the file holds. kv_dtype is the KV cache's element
-    type: "f32", "f16" for half the memory and bandwidth at long contexts (keys and values rounded
-    to f16), or "q8_0" for 34 bytes per 32 values (each head's key and value quantized to 8 bits as
-    stored; head_dim a multiple of 32); tests/test_kv_cache.py states how far logits move.
+    type: "f32", "f16" for half the memory and bandwidth (keys and values rounded to f16), or "q8_0"
+    for 34 bytes per 32 values (each head's key and value quantized to 8 bits as stored; head_dim a
+    multiple of 32); tests/test_kv_cache.py states how far logits move. None: f16 where the weights
+    are quantized (as llama.cpp's default cache), f32 where they are all float (f32, f16, bf16).
 
     >>> llm = pyllm.load("smollm2")  # doctest: +SKIP
     >>> llm = pyllm.load("owner/Some-Model-GGUF", file="*Q4_K_M.gguf")  # doctest: +SKIP
@@ -579,7 +580,8 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
     if n_ctx is not None:
         _check_int("n_ctx", n_ctx, 1)
     _check_int("parallel", parallel, 1, MAX_PARALLEL)
-    _core.check_kv_dtype(kv_dtype)
+    if kv_dtype is not None:
+        _core.check_kv_dtype(kv_dtype)
     wtype = parse_dtype(dtype)
     path = hub.resolve(source, file=file, revision=revision, token=token)
     threads = int(threads) if threads is not None else default_threads()
@@ -598,4 +600,5 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
         raise ValueError(f"n_ctx {n_ctx} is more than the {spec.n_positions} positions the model has learned")
     if n_ctx > spec.max_seq_len:
         raise ValueError(f"n_ctx {n_ctx} is more than the model's context of {spec.max_seq_len} tokens")
+    kv_dtype = default_kv_dtype(core) if kv_dtype is None else kv_dtype
     return Model(core, spec, tokenizer, int(n_ctx), path, eos, weights, parallel=int(parallel), kv_dtype=kv_dtype)

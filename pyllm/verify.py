@@ -12,8 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import _core
-from .dtypes import WeightType
+from .binding import int8_activations
 from .trace import CAPTURES, LAYER_CAPTURES
 
 DEFAULT_PROMPT = "The capital of France is Paris, and the capital of Germany is Berlin. The sky is blue because"
@@ -100,8 +99,7 @@ def compare(component: str, layer: int | None, ours: np.ndarray, ref: np.ndarray
 def activations_used(llm) -> str:
     """Whether pyllm's matmuls multiply float32 or 8-bit activations: with any quantized matrix,
     8-bit ones at every prompt length, so that prefill computes what decode does."""
-    float_only = all(_core.vec_dot_type(int(t)) == int(WeightType.F32) for t in llm._core.weight_types)
-    return "float32" if float_only else "int8"
+    return "int8" if int8_activations(llm._core) else "float32"
 
 
 def ladder(llm, reference_model, ids: list[int], layers: list[int], tolerance: float | None = None,

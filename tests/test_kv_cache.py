@@ -144,8 +144,20 @@ def test_load_takes_kv_dtype_and_generates(smollm2_gguf):
     llm = pyllm.load(smollm2_gguf, threads=2, n_ctx=128, kv_dtype="f16")
     assert llm.kv_dtype == "f16"
     assert llm.generate("Once upon a time, there was a little", max_tokens=8, temperature=0).text == \
-        pyllm.load(smollm2_gguf, threads=2, n_ctx=128).generate(
+        pyllm.load(smollm2_gguf, threads=2, n_ctx=128, kv_dtype="f32").generate(
             "Once upon a time, there was a little", max_tokens=8, temperature=0).text
+
+
+def test_the_default_cache_is_f16_for_quantized_weights_and_f32_for_float_ones(smollm2_gguf, family_checkpoint):
+    # kv_dtype=None: f16 where the matmuls take 8-bit activations (llama.cpp's default cache type),
+    # f32 where every matrix is float, as stored or as re-encoded at load; a named type always wins.
+    folder = family_checkpoint("llama")
+    cases = [(smollm2_gguf, {}, "f16"), (smollm2_gguf, {"dtype": "f32"}, "f32"), (folder, {}, "f32"),
+             (smollm2_gguf, {"dtype": "q8_0"}, "f16"), (folder, {"dtype": "f16"}, "f32"),
+             (smollm2_gguf, {"kv_dtype": "f32"}, "f32"), (folder, {"kv_dtype": "f16"}, "f16")]
+    for source, options, want in cases:
+        llm = pyllm.load(source, threads=2, n_ctx=64, **options)
+        assert (llm.kv_dtype, _core.CoreSequence(llm._core, 8).kv_dtype) == (want, want), (source, options)
 
 
 def _assert_batched_steps_are_each_sequence_s_own(llm, kv_dtype, steps, seed):
@@ -192,14 +204,14 @@ def test_every_cache_of_a_model_takes_its_kv_dtype(family_checkpoint):
     assert Engine(llm)._work.kv_dtype == "f16"
 
 
-@pytest.mark.parametrize("bad", ["f8", "F16", "Q8_0", "q4_0", None, 16])
+@pytest.mark.parametrize("bad", ["f8", "F16", "Q8_0", "q4_0", "", 16])
 def test_a_bad_kv_dtype_is_refused(family_checkpoint, bad):
     folder = family_checkpoint("llama")
     with pytest.raises(ValueError, match="kv_dtype"):
         pyllm.load(folder, threads=2, kv_dtype=bad)
     llm = pyllm.load(folder, threads=2)
     with pytest.raises(ValueError, match="kv_dtype"):
-        _core.CoreSequence(llm._core, 8, kv_dtype=bad if bad is not None else "bf16")
+        _core.CoreSequence(llm._core, 8, kv_dtype=bad if bad != "" else "bf16")
 
 
 @pytest.mark.parametrize("n_tokens", [9, 24], ids=["vec", "sgemm"])
