@@ -309,3 +309,14 @@ def test_rm_on_a_terminal_asks_first(caches):
     child = answer("y")
     assert child.exitstatus == 0 and "removed owner/tiny-GGUF" in child.before
     assert not (caches.hf / "models--owner--tiny-GGUF").exists()
+
+
+@pytest.mark.parametrize("flag,want", [(None, "f16"), ("f32", "f32"), ("q8_0", "q8_0")])
+def test_kv_dtype_defaults_to_f16_for_the_default_quantized_model(smollm2_gguf, flag, want):
+    # the commands' --kv-dtype goes to load(kv_dtype=) as given, None when absent: f16 on Q4_1 weights
+    import argparse
+
+    from pyllm.cli import load_model
+
+    args = argparse.Namespace(model=smollm2_gguf, file=None, revision=None, threads=1, n_ctx=32, kv_dtype=flag)
+    assert load_model(args).kv_dtype == want

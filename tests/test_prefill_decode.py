@@ -91,27 +91,29 @@ def test_every_row_of_a_batch_with_all_logits_equals_its_step(k_quant_checkpoint
 
 
 @pytest.mark.slow
-def test_the_real_q4_1_file_prefills_what_it_decodes(smollm2_gguf):
-    llm = pyllm.load(smollm2_gguf, threads=2)
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])  # f16: the default cache of quantized weights
+def test_the_real_q4_1_file_prefills_what_it_decodes(smollm2_gguf, kv_dtype):
+    llm = pyllm.load(smollm2_gguf, threads=2, kv_dtype=kv_dtype)
     ids = llm.tokenize("The history of the city begins with a small settlement by the river. " * 30)[:300]
     assert len(ids) == 300
-    whole = _feed(llm, ids, [])
-    np.testing.assert_array_equal(_one_at_a_time(llm, ids), whole)
-    np.testing.assert_array_equal(_feed(llm, ids, [128, 129, 256]), whole)
+    whole = _feed(llm, ids, [], kv_dtype)
+    np.testing.assert_array_equal(_one_at_a_time(llm, ids, kv_dtype), whole)
+    np.testing.assert_array_equal(_feed(llm, ids, [128, 129, 256], kv_dtype), whole)
     # and what greedy decoding then does: a fresh prompt of prompt + generated tokens prefills to
     # the logits the last step gave
     out = llm.generate(ids[:100], max_tokens=20, temperature=0)
-    again = _feed(llm, ids[:100] + list(out.token_ids[:-1]), [])
+    again = _feed(llm, ids[:100] + list(out.token_ids[:-1]), [], kv_dtype)
     assert int(np.argmax(again)) == out.token_ids[-1]
 
 
 @pytest.mark.slow
-def test_the_real_gemma3_file_prefills_what_it_decodes(gemma3_gguf):
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
+def test_the_real_gemma3_file_prefills_what_it_decodes(gemma3_gguf, kv_dtype):
     """Q4_K, Q6_K and q8_0 matrices, sliding-window layers, two rope tables."""
-    llm = pyllm.load(gemma3_gguf, threads=2)
+    llm = pyllm.load(gemma3_gguf, threads=2, kv_dtype=kv_dtype)
     ids = llm.tokenize("The history of the city begins with a small settlement by the river. " * 8)[:150]
-    whole = _feed(llm, ids, [])
-    np.testing.assert_array_equal(_one_at_a_time(llm, ids), whole)
+    whole = _feed(llm, ids, [], kv_dtype)
+    np.testing.assert_array_equal(_one_at_a_time(llm, ids, kv_dtype), whole)
 
 
 @pytest.mark.parametrize("threads", [2, 3])
