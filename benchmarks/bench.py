@@ -443,7 +443,8 @@ def columns(args) -> list[tuple[str, str]]:
 
 def per_round_lines(args, runs, results, pairs, ceiling) -> list[str]:
     """Each pair's ratios round by round (a round runs the engines one after another, so its ratio
-    compares the same minutes of a machine whose speed drifts), and every engine's decode against
+    compares the same minutes of a machine whose speed drifts) and their median, which one lucky
+    or unlucky minute of either engine does not move as it moves a best-of; and every engine's decode against
     the plain read measured before that round: decode reads each weight once a token, so no engine
     can decode faster than read bandwidth / bytes of weights."""
     keys = [key for key, _ in columns(args)]
@@ -451,9 +452,10 @@ def per_round_lines(args, runs, results, pairs, ceiling) -> list[str]:
     for mine, theirs, _, _ in pairs:
         per_key = []
         for key, title in columns(args):
-            got = [ratio(a[key], b[key]) for a, b in zip(results[mine], results[theirs])
-                   if "error" not in a and "error" not in b]
-            per_key.append(f"{title} {' / '.join(got)}")
+            values = [a[key] / b[key] for a, b in zip(results[mine], results[theirs])
+                      if "error" not in a and "error" not in b and b[key]]
+            median = f" (median {statistics.median(values):.2f}×)" if len(values) >= 3 else ""
+            per_key.append(f"{title} {' / '.join(f'{v:.2f}×' for v in values)}{median}")
         out.append(f"- {mine} ÷ {theirs} per round: " + "; ".join(per_key))
     if ceiling:
         gbs, weights = ceiling["gbs"], ceiling["bytes"]
