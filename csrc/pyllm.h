@@ -131,11 +131,15 @@ int pl_pool_size(const pl_pool *pool);
 void pl_pool_run(pl_pool *pool, pl_task_fn fn, void *arg);
 /* Inside a task: wait until every thread of the pool reaches this point. */
 void pl_barrier(pl_pool *pool);
-/* Work dealt on demand: between two barriers the threads take chunk indices (0, 1, 2, ... in all)
- * until they run past the work, one piece of dealt work per such phase; each barrier starts the
- * count afresh for the phase it opens. A thread that the system stops for a while then delays the
- * others by one chunk, not by its whole share. */
-int64_t pl_pool_take_chunk(pl_pool *pool);
+/* Work dealt from ranges of the threads' own, one piece of dealt work between two barriers: thread t
+ * owns items [0, size) of a range of its own (each caller knows every thread's size, below 2^31).
+ * pl_pool_claim takes a run of owner's range, half of what is left (at least least items): from its
+ * front for the owner itself (from_back 0), which so walks its range in order, or from its back for a
+ * thread that has finished its own (from_back 1). Returns the run's length, 0 when the range is
+ * all claimed, and its first item in *first. A thread the system stops for a while then holds the
+ * others back by one run, not by its whole share. Each barrier starts the claims afresh for the
+ * phase it opens. */
+int64_t pl_pool_claim(pl_pool *pool, int owner, int64_t size, int64_t least, int from_back, int64_t *first);
 
 /* ---------------------------------------------------------------- BLAS from SciPy */
 

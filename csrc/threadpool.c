@@ -55,6 +55,11 @@ typedef struct {
     int ith;
 } worker_arg;
 
+typedef struct {
+    atomic_llong word;
+    char pad[64 - sizeof(atomic_llong)];
+} claim_line;
+
 struct pl_pool {
     int n_threads;
     pl_thread *threads;  /* (n_threads - 1) workers; the caller is thread 0 */
@@ -66,10 +71,25 @@ struct pl_pool {
     atomic_int arrived;  /* threads at the current barrier */
     atomic_int phase;    /* bumped when a barrier opens */
     atomic_int sleepers; /* threads blocked on wake */
-    atomic_llong chunk[2]; /* the next chunk of a dealt phase: [phase & 1] (pl_pool_take_chunk) */
+    claim_line *claims;  /* 2 × n_threads, a cache line each: slot phase & 1's (pl_pool_claim) */
+    void *claims_block;  /* what was allocated for them */
     pl_mutex lock;
     pl_cond wake;
 };
+
+/* The claims on one thread's range in a dealt phase: items taken from its front (the low 32 bits)
+ * and from its back (the high ones), one word so that two claims never take the same item. */
+#define CLAIM_BITS 32
+#define CLAIM_MASK ((1LL << CLAIM_BITS) - 1)
+
+static atomic_llong *claims_of(pl_pool *p, int slot, int owner) {
+    return &p->claims[slot * p->n_threads + owner].word;
+}
+
+/* Every thread's claims of the phase slot afresh. */
+static void reset_claims(pl_pool *p, int slot) {
+    for (int t = 0; t < p->n_threads; t++) atomic_store_explicit(claims_of(p, slot, t), 0, memory_order_relaxed);
+}
 
 /* Waits until *word differs from old. */
 static void wait_change(pl_pool *p, atomic_int *word, int old) {
@@ -92,19 +112,19 @@ static void notify(pl_pool *p) {
     mutex_unlock(&p->lock);
 }
 
-/* The last thread to arrive closes phase P and opens P + 1. Every take of P ended before this
- * barrier, so P's chunk counter is reset here for P + 2 (P + 1 takes from the other one, reset when
- * P opened): a dealt matmul needs no barrier of its own before its first take. */
+/* The last thread to arrive closes phase P and opens P + 1. Every claim of P ended before this
+ * barrier, so P's claims are reset here for P + 2 (P + 1 claims in the other slot, reset when P
+ * opened): a dealt matmul needs no barrier of its own before its first claim. */
 void pl_barrier(pl_pool *p) {
     int phase = atomic_load(&p->phase);
     if (p->n_threads == 1) {
-        atomic_store_explicit(&p->chunk[phase & 1], 0, memory_order_relaxed);
+        reset_claims(p, phase & 1);
         atomic_fetch_add_explicit(&p->phase, 1, memory_order_relaxed);
         return;
     }
     if (atomic_fetch_add(&p->arrived, 1) == p->n_threads - 1) {
         atomic_store(&p->arrived, 0);
-        atomic_store_explicit(&p->chunk[phase & 1], 0, memory_order_relaxed); /* published by the phase */
+        reset_claims(p, phase & 1); /* published by the phase */
         atomic_fetch_add(&p->phase, 1);
         notify(p);
     } else {
@@ -138,12 +158,16 @@ pl_pool *pl_pool_create(int n_threads) {
     p->n_threads = n_threads;
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
     p->args = calloc((size_t)n_threads, sizeof *p->args);
-    if (!p->threads || !p->args) {
+    /* the claims on lines of their own: an owner claims its range often, a thief rarely */
+    p->claims_block = calloc((size_t)2 * n_threads + 1, sizeof(claim_line));
+    if (!p->threads || !p->args || !p->claims_block) {
         free(p->threads);
         free(p->args);
+        free(p->claims_block);
         free(p);
         return NULL;
     }
+    p->claims = (claim_line *)(((uintptr_t)p->claims_block + 63) / 64 * 64);
     mutex_init(&p->lock);
     cond_init(&p->wake);
     for (int i = 1; i < n_threads; i++) {
@@ -181,15 +205,31 @@ void pl_pool_free(pl_pool *p) {
     mutex_destroy(&p->lock);
     free(p->threads);
     free(p->args);
+    free(p->claims_block);
     free(p);
 }
 
 int pl_pool_size(const pl_pool *p) { return p->n_threads; }
 
-int64_t pl_pool_take_chunk(pl_pool *p) {
+int64_t pl_pool_claim(pl_pool *p, int owner, int64_t size, int64_t least, int from_back, int64_t *first) {
     /* The phase cannot move while this thread is between barriers. */
     int phase = atomic_load_explicit(&p->phase, memory_order_relaxed);
-    return atomic_fetch_add_explicit(&p->chunk[phase & 1], 1, memory_order_relaxed);
+    atomic_llong *word = claims_of(p, phase & 1, owner);
+    long long seen = atomic_load_explicit(word, memory_order_relaxed);
+    for (;;) {
+        const int64_t front = seen & CLAIM_MASK, back = (int64_t)((unsigned long long)seen >> CLAIM_BITS);
+        const int64_t left = size - front - back;
+        if (left <= 0) return 0;
+        int64_t take = p->n_threads == 1 ? left : (left + 1) / 2;
+        if (take < least) take = least;
+        if (take > left) take = left;
+        long long next = from_back ? seen + (long long)((unsigned long long)take << CLAIM_BITS) : seen + take;
+        /* relaxed: what the claimed items compute is published by the barrier that ends the phase */
+        if (atomic_compare_exchange_weak_explicit(word, &seen, next, memory_order_relaxed, memory_order_relaxed)) {
+            *first = from_back ? size - back - take : front;
+            return take;
+        }
+    }
 }
 
 void pl_pool_run(pl_pool *p, pl_task_fn fn, void *arg) {
