@@ -443,10 +443,10 @@ def columns(args) -> list[tuple[str, str]]:
 
 def per_round_lines(args, runs, results, pairs, ceiling) -> list[str]:
     """Each pair's ratios round by round (a round runs the engines one after another, so its ratio
-    compares the same minutes of a machine whose speed drifts) and their median, which one lucky
-    or unlucky minute of either engine does not move as it moves a best-of; and every engine's decode against
-    the plain read measured before that round: decode reads each weight once a token, so no engine
-    can decode faster than read bandwidth / bytes of weights."""
+    compares the same minutes of a machine whose speed drifts) and their median, which one lucky or
+    unlucky minute of either engine does not move as it moves a best-of; and every engine's decode
+    against the plain read measured before that round: decode reads each weight once a token, so no
+    engine can decode faster than read bandwidth / bytes of weights."""
     keys = [key for key, _ in columns(args)]
     out = []
     for mine, theirs, _, _ in pairs:
