@@ -220,14 +220,20 @@ void pl_matmul_glu(const pl_tensor *w_gate, const pl_tensor *w_up, const float *
 /* Bytes of one xq region for n rows of cols inputs of a weight type. */
 int64_t pl_matmul_xq_bytes(int type, int64_t cols, int n);
 
-/* ---------------------------------------------------------------- state.c */
+/* ---------------------------------------------------------------- memory.c */
 
 /* 64-byte aligned blocks (a cache line; every SIMD width), freed with pl_free_aligned. */
 void *pl_alloc_aligned(size_t bytes);
 void pl_free_aligned(void *p);
+/* A block read end to end by every step (the packed weights): 2 MB aligned, on huge pages where
+ * the system gives them; freed with pl_free_swept(p, the same bytes). */
+void *pl_alloc_swept(size_t bytes);
+void pl_free_swept(void *p, size_t bytes);
 /* Hands the heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing): a
  * loader's large, short-lived Python objects would otherwise stay resident after they are freed. */
 void pl_trim_heap(void);
+
+/* ---------------------------------------------------------------- state.c */
 
 /* Computes the rotary tables' rows of positions [s->rope_rows, end) (end ≤ n_ctx): a forward call
  * asks for the positions it is about to use, so a state holds and computes only the rows it has

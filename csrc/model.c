@@ -94,11 +94,37 @@ static void pack_task(void *arg, int ith, int nth) {
                    j->g0 + n * (ith + 1) / nth);
 }
 
+/* Bytes t's packed copy takes in the model's block (each copy starts on a cache line); 0 where t has
+ * none, -1 where its shape cannot be packed. */
+static int64_t packed_share(const pl_tensor *t) {
+    if (!t->data || !pl_packed_type(t->type)) return 0;
+    int64_t b = pl_packed_bytes(t->type, t->rows, t->cols);
+    return b < 0 ? -1 : (b + 63) / 64 * 64;
+}
+
+int pl_model_reserve_packed(pl_model *m, pl_tensor *const *ts, int n) {
+    if (m->packed_block || n < 0) return PL_ERR_ARGS;
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        if (packed_share(ts[i]) < 0 || ts[i]->packed) return PL_ERR_ARGS;
+        bytes += (size_t)packed_share(ts[i]);
+    }
+    if (!bytes) return PL_OK;
+    char *block = pl_alloc_swept(bytes);
+    if (!block) return PL_ERR_NOMEM;
+    m->packed_block = block;
+    m->packed_block_bytes = bytes;
+    for (int i = 0; i < n; i++)
+        if (packed_share(ts[i])) {
+            ts[i]->packed = block;
+            block += packed_share(ts[i]);
+        }
+    return PL_OK;
+}
+
 int pl_tensor_pack(pl_tensor *t, pl_pool *pool, int64_t g0, int64_t g1) {
     if (!t->data || !pl_packed_type(t->type)) return PL_OK;
-    if (g0 < 0 || g1 < g0 || g1 > (t->rows + PL_PACK_ROWS - 1) / PL_PACK_ROWS) return PL_ERR_ARGS;
-    if (!t->packed) t->packed = pl_alloc_aligned((size_t)pl_packed_bytes(t->type, t->rows, t->cols));
-    if (!t->packed) return PL_ERR_NOMEM;
+    if (!t->packed || g0 < 0 || g1 < g0 || g1 > (t->rows + PL_PACK_ROWS - 1) / PL_PACK_ROWS) return PL_ERR_ARGS;
     pack_job j = {t, g0, g1};
     pl_pool_run(pool, pack_task, &j);
     return PL_OK;
@@ -106,15 +132,14 @@ int pl_tensor_pack(pl_tensor *t, pl_pool *pool, int64_t g0, int64_t g1) {
 
 static void unpack_slots(char *owner, const pl_slot *slots, int count) {
     for (int i = 0; i < count; i++)
-        if (slots[i].kind == PL_SLOT_MATRIX) {
-            pl_tensor *t = (pl_tensor *)(owner + slots[i].offset);
-            pl_free_aligned(t->packed);
-            t->packed = NULL;
-        }
+        if (slots[i].kind == PL_SLOT_MATRIX) ((pl_tensor *)(owner + slots[i].offset))->packed = NULL;
 }
 
 void pl_model_unpack(pl_model *m) {
     unpack_slots((char *)m, model_slots, pl_model_slot_count());
     for (int l = 0; m->layers && l < m->n_layers; l++)
         unpack_slots((char *)&m->layers[l], layer_slots, pl_layer_slot_count());
+    pl_free_swept(m->packed_block, m->packed_block_bytes);
+    m->packed_block = NULL;
+    m->packed_block_bytes = 0;
 }

@@ -1,4 +1,3 @@
-#define _POSIX_C_SOURCE 200809L /* posix_memalign under -std=c11 */
 /* state.c — one sequence's memory: KV cache, rotary tables and activation buffers, allocated once
  * when the sequence starts so that decoding allocates nothing. */
 #include <math.h>
@@ -6,26 +5,6 @@
 #include <string.h>
 
 #include "kernels.h"
-
-#ifdef _WIN32
-#include <malloc.h>
-void *pl_alloc_aligned(size_t n) { return _aligned_malloc(n ? n : 64, 64); }
-void pl_free_aligned(void *p) { _aligned_free(p); }
-#else
-/* Large blocks come straight from mmap: KV cache pages cost memory only once written. */
-void *pl_alloc_aligned(size_t n) {
-    void *p = NULL;
-    return posix_memalign(&p, 64, n ? n : 64) == 0 ? p : NULL;
-}
-void pl_free_aligned(void *p) { free(p); }
-#endif
-
-#if defined(__GLIBC__)
-#include <malloc.h>
-void pl_trim_heap(void) { malloc_trim(0); }
-#else
-void pl_trim_heap(void) {}
-#endif
 
 /* Calls fn on every matrix the forward multiplies by (tok_embd and pos_embd are only read by row). */
 static void for_each_weight(const pl_model *m, void (*fn)(const pl_tensor *, void *), void *arg) {

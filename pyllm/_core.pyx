@@ -106,8 +106,11 @@ cdef extern from "pyllm.h" nogil:
         pl_layer *layers
         pl_sgemm_fn sgemm
         pl_blas_threads blas
+        void *packed_block
+        size_t packed_block_bytes
     const char *pl_model_check(const pl_model *m)
     int pl_model_quantized(const pl_model *m)
+    int pl_model_reserve_packed(pl_model *m, pl_tensor *const *ts, int n)
     int pl_tensor_pack(pl_tensor *t, pl_pool *pool, int64_t g0, int64_t g1)
     void pl_model_unpack(pl_model *m)
     int pl_convert_tensor(pl_pool *pool, const pl_tensor *src, int dst_type, void *dst)
@@ -693,14 +696,16 @@ cdef class CoreModel:
             held.append(inv_freq)
         cdef const pl_slot *slot
         pack = pack or {}
-        cdef list to_pack = []  # (address of a pl_tensor named in pack, its callable)
+        # (address of a pl_tensor named in pack, its callable), in the order the forward reads them:
+        # the layers', then the model's (the head)
+        cdef list to_pack = [], model_to_pack = []
         for i in range(pl_model_slot_count()):
             slot = pl_model_slot(i)
             name = slot.name.decode()
             if name in slots:
                 _fill_slot(<char *>m, slot, slots[name], held)
                 if name in pack:
-                    to_pack.append((<uintptr_t>(<char *>m + slot.offset), pack[name]))
+                    model_to_pack.append((<uintptr_t>(<char *>m + slot.offset), pack[name]))
         m.layers = <pl_layer *>calloc(m.n_layers, sizeof(pl_layer))
         if m.layers == NULL:
             raise MemoryError()
@@ -715,6 +720,7 @@ cdef class CoreModel:
                     _fill_slot(<char *>L, slot, slots[name], held)
                     if name in pack:
                         to_pack.append((<uintptr_t>(<char *>L + slot.offset), pack[name]))
+        to_pack += model_to_pack
         self._check_vector_lengths(slots)
         # sgemm serves only a model whose every matrix is float: a quantized one never loads SciPy's
         # BLAS (~30 MB resident, a thread pool of its own). blas_controls() gives OpenBLAS's thread
@@ -729,8 +735,23 @@ cdef class CoreModel:
         if self.pool == NULL:
             raise MemoryError("could not start threads")
         self.n_threads = pl_pool_size(self.pool)
+        self._reserve_packed([address for address, _ in to_pack])
         for address, release in to_pack:
             self._pack(<pl_tensor *><uintptr_t>address, release)
+
+    cdef _reserve_packed(self, list addresses):
+        """One block for every packed copy, in the order given (csrc/pyllm.h)."""
+        cdef pl_tensor **ts = <pl_tensor **>malloc(max(1, len(addresses)) * sizeof(pl_tensor *))
+        if ts == NULL:
+            raise MemoryError()
+        for i, address in enumerate(addresses):
+            ts[i] = <pl_tensor *><uintptr_t>address
+        cdef int rc = pl_model_reserve_packed(&self.m, ts, len(addresses))
+        free(ts)
+        if rc == 4:  # PL_ERR_NOMEM
+            raise MemoryError("could not allocate the packed copies of the weights")
+        if rc != 0:
+            raise ValueError("a weight cannot be packed")
 
     cdef _pack(self, pl_tensor *t, object release):
         """Packs t in pieces of about 4 MB of its bytes, each released (if asked) once packed: the
@@ -759,6 +780,12 @@ cdef class CoreModel:
             for arr in arrays:
                 if arr is not None and arr.shape[0] != sizes[table[base]]:
                     raise ValueError(f"{key} has {arr.shape[0]} values, expected {sizes[table[base]]}")
+
+    @property
+    def packed_block(self) -> tuple:
+        """(address, bytes) of the one block that holds every packed copy of the weights, (0, 0)
+        where none has one (csrc/pyllm.h)."""
+        return <uintptr_t>self.m.packed_block, self.m.packed_block_bytes
 
     @property
     def kv_dtype(self) -> str:

@@ -2,6 +2,10 @@
 load of the same file (dequantized to float32); and quantize-on-load of the bf16 folder."""
 from __future__ import annotations
 
+import gc
+import sys
+
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -166,3 +170,41 @@ def test_any_thread_count_gives_the_same_bits(gguf_model, smollm2_gguf, text_ids
     mine, theirs = (_core.CoreSequence(m._core, 64) for m in (gguf_model, other))
     for token in ids[:20]:
         np.testing.assert_array_equal(theirs.forward([token]), mine.forward([token]))
+
+
+def mapping_of(address: int) -> dict | None:
+    """The /proc/self/smaps entry of the mapping that holds address: its start, end and VmFlags."""
+    found = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:  # "start-end perms offset dev inode [path]"
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                found = {"start": start, "end": end} if start <= address < end else None
+            elif found is not None and head[0] == "VmFlags:":
+                found["flags"] = set(head[1:])
+                return found
+    return None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps and madvise are Linux's")
+def test_packed_weights_lie_in_one_block_advised_onto_huge_pages(smollm2_gguf):
+    """Every quantized matrix's packed copy, the tied head's once, side by side in one 2 MB-aligned
+    block the kernel is asked to back with huge pages ("hg"); unloading the model unmaps it."""
+    model = pyllm.load(smollm2_gguf, threads=2)
+    address, size = model._core.packed_block
+    quantized = [t for t in gguf.GGUFReader(smollm2_gguf).tensors if t.tensor_type.name != "F32"]
+    assert {t.tensor_type.name for t in quantized} == {"Q4_1", "Q8_0"}  # both have packed kernels
+    assert size == sum((int(t.n_bytes) + 63) // 64 * 64 for t in quantized)  # 8-row groups: no padding
+    assert address % (2 << 20) == 0
+    mapping = mapping_of(address)
+    assert mapping is not None and "hg" in mapping["flags"]
+    assert mapping["start"] <= address and address + size <= mapping["end"]
+    del model
+    gc.collect()
+    after = mapping_of(address)
+    assert after is None or after["start"] != mapping["start"] or "hg" not in after["flags"]
+
+
+def test_a_float_model_has_no_packed_block(smollm2_gguf):
+    assert pyllm.load(smollm2_gguf, threads=1, dtype="f32")._core.packed_block == (0, 0)
