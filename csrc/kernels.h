@@ -229,6 +229,9 @@ void pl_free_aligned(void *p);
  * the system gives them; freed with pl_free_swept(p, the same bytes). */
 void *pl_alloc_swept(size_t bytes);
 void pl_free_swept(void *p, size_t bytes);
+/* Whether pl_alloc_swept asks for huge pages on this system (Linux): elsewhere a copy into it gains
+ * nothing. */
+int pl_swept_on_huge_pages(void);
 /* Hands the heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing): a
  * loader's large, short-lived Python objects would otherwise stay resident after they are freed. */
 void pl_trim_heap(void);

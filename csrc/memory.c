@@ -51,12 +51,16 @@ void *pl_alloc_swept(size_t n) {
 void pl_free_swept(void *p, size_t n) {
     if (p) munmap(p, huge_pages_of(n ? n : 1));
 }
+
+int pl_swept_on_huge_pages(void) { return 1; }
 #else
 void *pl_alloc_swept(size_t n) { return pl_alloc_aligned(n); }
 void pl_free_swept(void *p, size_t n) {
     (void)n;
     pl_free_aligned(p);
 }
+
+int pl_swept_on_huge_pages(void) { return 0; }
 #endif
 
 #if defined(__GLIBC__)

@@ -94,31 +94,31 @@ static void pack_task(void *arg, int ith, int nth) {
                    j->g0 + n * (ith + 1) / nth);
 }
 
-/* Bytes t's packed copy takes in the model's block (each copy starts on a cache line); 0 where t has
- * none, -1 where its shape cannot be packed. */
-static int64_t packed_share(const pl_tensor *t) {
-    if (!t->data || !pl_packed_type(t->type)) return 0;
-    int64_t b = pl_packed_bytes(t->type, t->rows, t->cols);
+/* Bytes t's copy takes in the model's block, each copy starting on a cache line: its packed copy
+ * where its type has a packed kernel, else its rows as stored; -1 where it cannot be packed. */
+static int64_t placed_bytes(const pl_tensor *t) {
+    int64_t b = pl_packed_type(t->type) ? pl_packed_bytes(t->type, t->rows, t->cols)
+                                        : pl_row_size(t->type, t->cols) * t->rows;
     return b < 0 ? -1 : (b + 63) / 64 * 64;
 }
 
-int pl_model_reserve_packed(pl_model *m, pl_tensor *const *ts, int n) {
-    if (m->packed_block || n < 0) return PL_ERR_ARGS;
+int pl_model_reserve_weights(pl_model *m, pl_tensor *const *ts, int n, void **places) {
+    if (m->weights_block || n < 0) return PL_ERR_ARGS;
     size_t bytes = 0;
     for (int i = 0; i < n; i++) {
-        if (packed_share(ts[i]) < 0 || ts[i]->packed) return PL_ERR_ARGS;
-        bytes += (size_t)packed_share(ts[i]);
+        if (!ts[i]->data || ts[i]->packed || placed_bytes(ts[i]) < 0) return PL_ERR_ARGS;
+        bytes += (size_t)placed_bytes(ts[i]);
     }
     if (!bytes) return PL_OK;
     char *block = pl_alloc_swept(bytes);
     if (!block) return PL_ERR_NOMEM;
-    m->packed_block = block;
-    m->packed_block_bytes = bytes;
-    for (int i = 0; i < n; i++)
-        if (packed_share(ts[i])) {
-            ts[i]->packed = block;
-            block += packed_share(ts[i]);
-        }
+    m->weights_block = block;
+    m->weights_block_bytes = bytes;
+    for (int i = 0; i < n; i++) {
+        places[i] = block;
+        if (pl_packed_type(ts[i]->type)) ts[i]->packed = block;
+        block += placed_bytes(ts[i]);
+    }
     return PL_OK;
 }
 
@@ -139,7 +139,7 @@ void pl_model_unpack(pl_model *m) {
     unpack_slots((char *)m, model_slots, pl_model_slot_count());
     for (int l = 0; m->layers && l < m->n_layers; l++)
         unpack_slots((char *)&m->layers[l], layer_slots, pl_layer_slot_count());
-    pl_free_swept(m->packed_block, m->packed_block_bytes);
-    m->packed_block = NULL;
-    m->packed_block_bytes = 0;
+    pl_free_swept(m->weights_block, m->weights_block_bytes);
+    m->weights_block = NULL;
+    m->weights_block_bytes = 0;
 }

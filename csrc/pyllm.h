@@ -162,7 +162,7 @@ typedef struct {
     int64_t cols;     /* input features, a whole number of blocks */
     const void *data; /* rows × pl_row_size(type, cols) bytes, in the mmap or an owned buffer */
     void *packed;     /* the same rows interleaved for the packed kernels (packed.h), in the model's
-                         packed_block (pl_model_reserve_packed); NULL where it has none */
+                         weights_block (pl_model_reserve_weights); NULL where it has none */
 } pl_tensor;
 
 /* Re-encodes src (rows × cols) into dst_type at dst (rows × pl_row_size(dst_type, cols) bytes),
@@ -289,8 +289,8 @@ typedef struct {
     pl_layer *layers;          /* (n_layers) */
     pl_sgemm_fn sgemm;         /* NULL: prefill uses the vec_dot kernels */
     pl_blas_threads blas;      /* both NULL if the BLAS's threads cannot be controlled */
-    void *packed_block;        /* every matrix's packed copy, side by side (pl_model_reserve_packed) */
-    size_t packed_block_bytes;
+    void *weights_block;       /* the copies of the matrices, side by side (pl_model_reserve_weights) */
+    size_t weights_block_bytes;
 } pl_model;
 
 /* Checks the model's shapes and types agree; 0 or a message for the caller to raise. */
@@ -298,17 +298,20 @@ const char *pl_model_check(const pl_model *m);
 /* Whether a matrix the forward multiplies by (a layer's or the head) is quantized: then every state
  * multiplies 8-bit activations at every batch size and m->sgemm serves nothing (pl_state_create). */
 int pl_model_quantized(const pl_model *m);
-/* Places the packed copies of the n matrices ts (those of a type with a packed kernel, packed.h)
- * side by side, in the order given (the order the forward reads them), in one block the model owns:
- * on 2 MB pages where the system gives them (memory.c says why). Once per model: PL_OK, PL_ERR_NOMEM,
- * or PL_ERR_ARGS (reserved before, or a matrix that cannot be packed). */
-int pl_model_reserve_packed(pl_model *m, pl_tensor *const *ts, int n);
+/* Lays out copies of the n matrices ts side by side, in the order given (the order the forward reads
+ * them), in one block the model owns, on 2 MB pages where the system gives them (memory.c says why):
+ * where the type has a packed kernel (packed.h) its interleaved copy, which t->packed then points at
+ * and pl_tensor_pack fills; otherwise its rows as stored, which the loader copies to places[i] before
+ * pointing t->data there. Once per model: PL_OK, PL_ERR_NOMEM, or PL_ERR_ARGS (reserved before, or a
+ * matrix absent, already packed or of a shape that cannot be packed). */
+int pl_model_reserve_weights(pl_model *m, pl_tensor *const *ts, int n, void **places);
 /* Packs row groups [g0, g1) of a reserved matrix into its interleaved copy on the pool's threads, a
  * piece at a time as the loader likes (it releases the source's pages piece by piece, and the
  * block's pages cost memory only once written): PL_OK (also where the type has no packed kernel) or
  * PL_ERR_ARGS (not reserved, or groups out of range). */
 int pl_tensor_pack(pl_tensor *t, pl_pool *pool, int64_t g0, int64_t g1);
-/* Frees the packed block and forgets every copy (idempotent). */
+/* Frees the weights block and forgets the packed copies (idempotent); a matrix whose data was
+ * pointed into the block must not be read after. */
 void pl_model_unpack(pl_model *m);
 
 /* One sequence: its KV cache, rotary tables and every activation buffer, allocated once. */

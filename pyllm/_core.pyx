@@ -106,11 +106,11 @@ cdef extern from "pyllm.h" nogil:
         pl_layer *layers
         pl_sgemm_fn sgemm
         pl_blas_threads blas
-        void *packed_block
-        size_t packed_block_bytes
+        void *weights_block
+        size_t weights_block_bytes
     const char *pl_model_check(const pl_model *m)
     int pl_model_quantized(const pl_model *m)
-    int pl_model_reserve_packed(pl_model *m, pl_tensor *const *ts, int n)
+    int pl_model_reserve_weights(pl_model *m, pl_tensor *const *ts, int n, void **places)
     int pl_tensor_pack(pl_tensor *t, pl_pool *pool, int64_t g0, int64_t g1)
     void pl_model_unpack(pl_model *m)
     int pl_convert_tensor(pl_pool *pool, const pl_tensor *src, int dst_type, void *dst)
@@ -165,6 +165,7 @@ cdef extern from "kernels.h" nogil:
     enum: PL_BLAS_MIN_TOKENS
     void pl_pool_run(pl_pool *pool, void (*fn)(void *arg, int ith, int nth) noexcept nogil, void *arg)
     void pl_trim_heap()
+    int pl_swept_on_huge_pages()
 
 cdef extern from "packed.h" nogil:
     enum: PL_PACK_ROWS
@@ -489,6 +490,12 @@ def packed_type(int wtype) -> bool:
     return bool(pl_packed_type(wtype))
 
 
+def weights_on_huge_pages() -> bool:
+    """Whether a model's block of weights is asked onto huge pages here (Linux; csrc/memory.c):
+    only then does a plain copy of a matrix that lies in a file's mapping pay."""
+    return bool(pl_swept_on_huge_pages())
+
+
 cdef int64_t _packed_bytes(int wtype, int64_t rows, int64_t cols) except -1:
     if not pl_packed_type(wtype):
         raise ValueError(f"weight type {wtype} has no packed kernel")
@@ -650,9 +657,10 @@ cdef class CoreModel:
     slots: "tok_embd", "out_norm", ... and "layers.{i}.wq", ... -> a value for _fill_slot; a slot
     left out is absent. layers: per layer (sliding_window, rope index). ropes: (inv_freq float32
     (n_rot / 2,), scale) per rotary table. keep: objects (mmaps, arrays) that own the memory the
-    matrix addresses point into. pack: matrix slot -> None or release(start, nbytes), called for
-    each piece of the matrix's bytes once packed (csrc/packed.h; a type without a packed kernel is
-    left as it is).
+    matrix addresses point into. place: matrix slot -> None or release(start, nbytes): the matrices
+    the model copies into its one block of weights (csrc/pyllm.h), packed where the type has a
+    packed kernel (csrc/packed.h), and release is called for each piece of the source's bytes once
+    copied.
     """
     cdef pl_model m
     cdef pl_pool *pool
@@ -663,7 +671,7 @@ cdef class CoreModel:
     cdef str _kv_dtype  # the cache type of the sequences made for this model unless they name one
 
     def __cinit__(self, dict hparams, dict slots, list layers, list ropes, object keep, int threads,
-                  bint use_blas=True, object blas_controls=None, dict pack=None):
+                  bint use_blas=True, object blas_controls=None, dict place=None):
         cdef list held = []
         self.keep = (keep, held)
         self._kv_dtype = "f32"
@@ -695,17 +703,17 @@ cdef class CoreModel:
             m.ropes[r].scale = scale
             held.append(inv_freq)
         cdef const pl_slot *slot
-        pack = pack or {}
-        # (address of a pl_tensor named in pack, its callable), in the order the forward reads them:
-        # the layers', then the model's (the head)
-        cdef list to_pack = [], model_to_pack = []
+        place = place or {}
+        # (address of a pl_tensor named in place, its callable), in the order the forward reads
+        # them: the layers', then the model's (the head)
+        cdef list to_place = [], model_to_place = []
         for i in range(pl_model_slot_count()):
             slot = pl_model_slot(i)
             name = slot.name.decode()
             if name in slots:
                 _fill_slot(<char *>m, slot, slots[name], held)
-                if name in pack:
-                    model_to_pack.append((<uintptr_t>(<char *>m + slot.offset), pack[name]))
+                if name in place:
+                    model_to_place.append((<uintptr_t>(<char *>m + slot.offset), place[name]))
         m.layers = <pl_layer *>calloc(m.n_layers, sizeof(pl_layer))
         if m.layers == NULL:
             raise MemoryError()
@@ -718,9 +726,9 @@ cdef class CoreModel:
                 name = f"layers.{l}.{slot.name.decode()}"
                 if name in slots:
                     _fill_slot(<char *>L, slot, slots[name], held)
-                    if name in pack:
-                        to_pack.append((<uintptr_t>(<char *>L + slot.offset), pack[name]))
-        to_pack += model_to_pack
+                    if name in place:
+                        to_place.append((<uintptr_t>(<char *>L + slot.offset), place[name]))
+        to_place += model_to_place
         self._check_vector_lengths(slots)
         # sgemm serves only a model whose every matrix is float: a quantized one never loads SciPy's
         # BLAS (~30 MB resident, a thread pool of its own). blas_controls() gives OpenBLAS's thread
@@ -735,36 +743,54 @@ cdef class CoreModel:
         if self.pool == NULL:
             raise MemoryError("could not start threads")
         self.n_threads = pl_pool_size(self.pool)
-        self._reserve_packed([address for address, _ in to_pack])
-        for address, release in to_pack:
-            self._pack(<pl_tensor *><uintptr_t>address, release)
+        places = self._reserve_weights([address for address, _ in to_place])
+        for (address, release), at in zip(to_place, places):
+            self._place(<pl_tensor *><uintptr_t>address, at, release)
 
-    cdef _reserve_packed(self, list addresses):
-        """One block for every packed copy, in the order given (csrc/pyllm.h)."""
-        cdef pl_tensor **ts = <pl_tensor **>malloc(max(1, len(addresses)) * sizeof(pl_tensor *))
-        if ts == NULL:
+    cdef list _reserve_weights(self, list addresses):
+        """The places of the matrices' copies in the model's one block, in the order given
+        (csrc/pyllm.h)."""
+        cdef int n = len(addresses)
+        cdef pl_tensor **ts = <pl_tensor **>malloc(max(1, n) * sizeof(pl_tensor *))
+        cdef void **places = <void **>malloc(max(1, n) * sizeof(void *))
+        if ts == NULL or places == NULL:
+            free(ts)
+            free(places)
             raise MemoryError()
         for i, address in enumerate(addresses):
             ts[i] = <pl_tensor *><uintptr_t>address
-        cdef int rc = pl_model_reserve_packed(&self.m, ts, len(addresses))
+        cdef int rc = pl_model_reserve_weights(&self.m, ts, n, places)
+        out = [<uintptr_t>places[i] for i in range(n)] if rc == 0 else []
         free(ts)
+        free(places)
         if rc == 4:  # PL_ERR_NOMEM
-            raise MemoryError("could not allocate the packed copies of the weights")
+            raise MemoryError("could not allocate the copies of the weights")
         if rc != 0:
             raise ValueError("a weight cannot be packed")
+        return out
 
-    cdef _pack(self, pl_tensor *t, object release):
-        """Packs t in pieces of about 4 MB of its bytes, each released (if asked) once packed: the
-        source and the copy are never both resident whole."""
-        cdef int64_t group_bytes = PL_PACK_ROWS * row_size(t.type, t.cols)
-        cdef int64_t groups = (t.rows + PL_PACK_ROWS - 1) // PL_PACK_ROWS
-        cdef int64_t step = max(1, (4 << 20) // group_bytes), g0, g1
-        for g0 in range(0, groups, step):
-            g1 = min(groups, g0 + step)
-            if pl_tensor_pack(t, self.pool, g0, g1) != 0:
-                raise MemoryError("could not allocate the packed copies of the weights")
+    cdef _place(self, pl_tensor *t, uintptr_t place, object release):
+        """Fills t's place in the block (its packed copy, or its rows as stored, then its data
+        pointed there) in pieces of about 4 MB of its bytes, each released (if asked) once copied:
+        the source and the copy are never both resident whole."""
+        cdef int64_t row_bytes = row_size(t.type, t.cols), total = t.rows * row_bytes
+        cdef bint packed = pl_packed_type(t.type)
+        cdef int64_t rows = PL_PACK_ROWS if packed else 1  # the rows one unit of a piece holds
+        cdef int64_t units = (t.rows + rows - 1) // rows
+        cdef int64_t step = max(1, (4 << 20) // (rows * row_bytes)), u0, u1, start, end
+        for u0 in range(0, units, step):
+            u1 = min(units, u0 + step)
+            start, end = u0 * rows * row_bytes, min(u1 * rows * row_bytes, total)
+            if packed:
+                if pl_tensor_pack(t, self.pool, u0, u1) != 0:
+                    raise ValueError("a weight cannot be packed")
+            else:
+                with nogil:
+                    memcpy(<char *>place + start, <const char *>t.data + start, end - start)
             if release is not None:
-                release(g0 * group_bytes, min(g1 * group_bytes, t.rows * row_size(t.type, t.cols)) - g0 * group_bytes)
+                release(start, end - start)
+        if not packed:
+            t.data = <const void *>place
 
     def _check_vector_lengths(self, dict slots):
         """Norms and biases are read as far as the slot's size: shorter arrays never reach C."""
@@ -782,10 +808,10 @@ cdef class CoreModel:
                     raise ValueError(f"{key} has {arr.shape[0]} values, expected {sizes[table[base]]}")
 
     @property
-    def packed_block(self) -> tuple:
-        """(address, bytes) of the one block that holds every packed copy of the weights, (0, 0)
-        where none has one (csrc/pyllm.h)."""
-        return <uintptr_t>self.m.packed_block, self.m.packed_block_bytes
+    def weights_block(self) -> tuple:
+        """(address, bytes) of the one block that holds the copies of the matrices the forward
+        multiplies by, (0, 0) where it keeps none (csrc/pyllm.h)."""
+        return <uintptr_t>self.m.weights_block, self.m.weights_block_bytes
 
     @property
     def kv_dtype(self) -> str:

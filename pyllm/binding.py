@@ -175,13 +175,14 @@ def build_core(
     # quantize-on-load end with the quantized bytes resident, not the file's as well.
     owned = {int(a.ctypes.data) for a in b.owned.values()}
     mapped = [v for k, v in slots.items() if _core._is_matrix(k) and v[3] not in owned]
-    # The core multiplies by its packed copies: the file's pages of each such matrix were read
-    # once to pack it and leave memory right after (they come back only if read again, as the
-    # embedding rows of a tied head are), so the file's bytes never stay resident beside the copies.
-    pack = {key: functools.partial(_release_span, bound[key]) for key in _packed_in_mapping(slots, bound)}
+    # The core multiplies by its copies of the matrices in one block of huge pages (packed where
+    # the type has a packed kernel): the file's pages of each such matrix were read once to copy it
+    # and leave memory right after (they come back only if read again, as the embedding rows of a
+    # tied head are), so the file's bytes never stay resident beside the copies.
+    place = {key: functools.partial(_release_span, bound[key]) for key in _placed_in_mapping(slots, bound)}
     try:
         return _core.CoreModel(hparams, slots, layers, ropes, ((keep, bound) if mapped else None, b.owned),
-                               threads, use_blas, openblas_thread_controls, pack)
+                               threads, use_blas, openblas_thread_controls, place)
     except ValueError as e:
         raise FormatError(source, str(e)) from None
 
@@ -190,13 +191,16 @@ def _release_span(info: TensorInfo, start: int, nbytes: int) -> None:
     info.file.release(info.offset + start, nbytes)
 
 
-def _packed_in_mapping(slots: dict, bound: Mapping) -> frozenset:
-    """The matrix slots the core packs: types with a packed kernel, lying in a file's mapping as
-    the file stores them. A matrix re-encoded at load (dtype=) keeps its one owned copy instead:
-    packing it would hold both in memory."""
+def _placed_in_mapping(slots: dict, bound: Mapping) -> frozenset:
+    """The matrix slots the core copies into its block of weights: those lying in a file's mapping
+    as the file stores them, packed where the type has a packed kernel, and as they are where the
+    block has huge pages (elsewhere a plain copy would only cost the time). A matrix re-encoded at
+    load (dtype=) keeps its one owned copy instead: copying it would hold both in memory."""
     out = set()
     for key, value in slots.items():
-        if key == "tok_embd" or not _core._is_matrix(key) or not _core.packed_type(int(value[0])):
+        if key == "tok_embd" or not _core._is_matrix(key):
+            continue
+        if not (_core.packed_type(int(value[0])) or _core.weights_on_huge_pages()):
             continue
         info = bound.get(key)  # a tied lm_head is bound to the embeddings' tensor
         if isinstance(info, TensorInfo) and info.address == value[3]:

@@ -3,11 +3,13 @@ load of the same file (dequantized to float32); and quantize-on-load of the bf16
 from __future__ import annotations
 
 import gc
+import os
 import sys
 
 import gguf
 import numpy as np
 import pytest
+import safetensors
 import torch
 
 import pyllm
@@ -187,24 +189,39 @@ def mapping_of(address: int) -> dict | None:
     return None
 
 
+def matrix_bytes(source: str) -> list[int]:
+    """The stored bytes of every matrix the forward multiplies by, the tied head once: the GGUF's
+    quantized tensors, or the folder's 2-D ones."""
+    if source.endswith(".gguf"):
+        quantized = [t for t in gguf.GGUFReader(source).tensors if t.tensor_type.name != "F32"]
+        assert {t.tensor_type.name for t in quantized} == {"Q4_1", "Q8_0"}  # both have packed kernels
+        return [int(t.n_bytes) for t in quantized]
+    with safetensors.safe_open(os.path.join(source, "model.safetensors"), "np") as f:
+        shapes = [f.get_slice(k).get_shape() for k in f.keys()]
+    return [rows * cols * 2 for rows, cols in (s for s in shapes if len(s) == 2)]  # bf16
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps and madvise are Linux's")
-def test_packed_weights_lie_in_one_block_advised_onto_huge_pages(smollm2_gguf):
-    """Every quantized matrix's packed copy, the tied head's once, side by side in one 2 MB-aligned
-    block the kernel is asked to back with huge pages ("hg"); unloading the model unmaps it."""
-    model = pyllm.load(smollm2_gguf, threads=2)
-    address, size = model._core.packed_block
-    quantized = [t for t in gguf.GGUFReader(smollm2_gguf).tensors if t.tensor_type.name != "F32"]
-    assert {t.tensor_type.name for t in quantized} == {"Q4_1", "Q8_0"}  # both have packed kernels
-    assert size == sum((int(t.n_bytes) + 63) // 64 * 64 for t in quantized)  # 8-row groups: no padding
+@pytest.mark.parametrize("source", ["smollm2_gguf", "smollm2_folder"])
+def test_the_weights_lie_in_one_block_advised_onto_huge_pages(source, request):
+    """Every matrix the forward multiplies by, packed (Q4_1, Q8_0) or as stored (bf16), the tied head
+    once, side by side in one 2 MB-aligned block the kernel is asked to back with huge pages ("hg");
+    unloading the model unmaps it."""
+    path = request.getfixturevalue(source)
+    model = pyllm.load(path, threads=2)
+    address, size = model._core.weights_block
+    assert size == sum((b + 63) // 64 * 64 for b in matrix_bytes(path))  # 8-row groups: no padding
     assert address % (2 << 20) == 0
     mapping = mapping_of(address)
     assert mapping is not None and "hg" in mapping["flags"]
     assert mapping["start"] <= address and address + size <= mapping["end"]
+    assert model.generate("The capital of France is", max_tokens=2, temperature=0).text == " Paris."
     del model
     gc.collect()
     after = mapping_of(address)
     assert after is None or after["start"] != mapping["start"] or "hg" not in after["flags"]
 
 
-def test_a_float_model_has_no_packed_block(smollm2_gguf):
-    assert pyllm.load(smollm2_gguf, threads=1, dtype="f32")._core.packed_block == (0, 0)
+def test_weights_re_encoded_at_load_keep_their_own_copy(smollm2_gguf):
+    """dtype= owns its converted matrices: copying them into the block would hold both."""
+    assert pyllm.load(smollm2_gguf, threads=1, dtype="f32")._core.weights_block == (0, 0)
