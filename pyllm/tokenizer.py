@@ -57,8 +57,7 @@ class Tokenizer:
                 template = f.read()
         tok.chat_template = template if isinstance(template, str) else None
         vocab = hf.get_vocab(with_added_tokens=True)
-        tok.special_ids = {i for t, i in vocab.items()
-                           if t in {a.content for a in hf.get_added_tokens_decoder().values() if a.special}}
+        tok.special_ids = {i for i, a in hf.get_added_tokens_decoder().items() if a.special}
         tok.n_ids = max(vocab.values(), default=-1) + 1  # listing a vocabulary of 262k tokens takes 0.25 s
         return tok
 
