@@ -32,7 +32,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # time the pyllm of this checkout, not an installed one
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_bandwidth beside this file
 
-from bench_bandwidth import decode_bytes, read_bandwidth  # noqa: E402
+from bench_bandwidth import decode_bytes, read_bandwidth, read_buffer  # noqa: E402
 
 DEFAULT_MODEL = os.path.expanduser("~/.cache/pyllm/smollm2-135m-instruct-bf16")
 ENGINES = ("pyllm", "transformers-f32", "transformers-bf16", "llama.cpp")
@@ -460,7 +460,7 @@ def per_round_lines(args, runs, results, pairs, ceiling) -> list[str]:
     if ceiling:
         gbs, weights = ceiling["gbs"], ceiling["bytes"]
         out.append(f"- plain read before each round ({args.threads} threads, "
-                   f"{READ_BUFFER_BYTES >> 20} MiB, best of 3): " + " / ".join(f"{g:.1f}" for g in gbs) + " GB/s")
+                   f"{READ_BUFFER_BYTES >> 20} MiB on 2 MB pages, best of 3): " + " / ".join(f"{g:.1f}" for g in gbs) + " GB/s")
         for run in runs:
             source_bytes = weights.get(run["row"])
             decodes = [k for k in keys if k.startswith("decode")]
@@ -595,7 +595,7 @@ def read_ceiling_setup(runs) -> dict | None:
             print(f"no read ceiling for {run['source']}: {e}", file=sys.stderr)
             return None
         weights[run["row"]] = by_source[run["source"]]
-    return {"buffer": np.ones(READ_BUFFER_BYTES // 8, dtype=np.uint64), "bytes": weights, "gbs": []}
+    return {"buffer": read_buffer(READ_BUFFER_BYTES), "bytes": weights, "gbs": []}
 
 
 def main(argv=None) -> int:
