@@ -225,7 +225,7 @@ int64_t pl_matmul_xq_bytes(int type, int64_t cols, int n);
 /* 64-byte aligned blocks (a cache line; every SIMD width), freed with pl_free_aligned. */
 void *pl_alloc_aligned(size_t bytes);
 void pl_free_aligned(void *p);
-/* A block read end to end by every step (the packed weights): 2 MB aligned, on huge pages where
+/* A block read end to end by every step (the model's matrices): 2 MB aligned, on huge pages where
  * the system gives them; freed with pl_free_swept(p, the same bytes). */
 void *pl_alloc_swept(size_t bytes);
 void pl_free_swept(void *p, size_t bytes);
