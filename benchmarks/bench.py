@@ -173,22 +173,45 @@ def time_prefill(engine, ids: list[int]) -> float:
     return len(ids) / (time.perf_counter() - start)
 
 
-def time_decode(engine, prompt: list[int], n_tokens: int) -> tuple[float, list[int]]:
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(stolen, all) CPU time of the machine so far, in jiffies, from /proc/stat's "cpu" line: steal
+    is the time the hypervisor ran something else while this VM's CPUs wanted to run (None where
+    there is no /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return fields[7], sum(fields)
+
+
+def stolen_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the machine's CPU time between two cpu_jiffies() that the hypervisor took."""
+    if not before or not after or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def time_decode(engine, prompt: list[int], n_tokens: int) -> tuple[float, list[int], float | None]:
     """Greedy tokens per second over n_tokens steps after prompt; the first step is not timed.
 
     The first step after a prefill can pay one-off costs (buffers sized for one row, first use of
     the single-row kernels), so it runs untimed as a warm-up; then n_tokens steps are timed. EOS is
-    ignored: every engine decodes the same number of tokens.
+    ignored: every engine decodes the same number of tokens. Also returns the share of CPU time the
+    hypervisor stole meanwhile (stolen_share): a thread it stops holds up the others at their next
+    barrier, in every engine.
     """
     token = engine.prefill(prompt)
     produced = [token]
     token = engine.step(token)  # warm-up step
     produced.append(token)
+    jiffies = cpu_jiffies()
     start = time.perf_counter()
     for _ in range(n_tokens):
         token = engine.step(token)
         produced.append(token)
-    return n_tokens / (time.perf_counter() - start), produced
+    elapsed = time.perf_counter() - start
+    return n_tokens / elapsed, produced, stolen_share(jiffies, cpu_jiffies())
 
 
 def peak_rss_mb() -> float:
@@ -226,9 +249,10 @@ def run_child(spec: dict) -> dict:
     for n in prefill_lengths:
         result[f"prefill{n}"] = time_prefill(engine, ids[:n])
     for i, p in enumerate(spec.get("decode_at", [DECODE_PROMPT])):
-        result[f"decode{p}"], tokens = time_decode(engine, ids[:p], spec["decode_tokens"])
+        result[f"decode{p}"], tokens, stolen = time_decode(engine, ids[:p], spec["decode_tokens"])
         if i == 0:
             result["tokens"] = tokens
+            result["stolen"] = stolen
     result["rss_mb"] = peak_rss_mb()
     return result
 
@@ -471,6 +495,11 @@ def per_round_lines(args, runs, results, pairs, ceiling) -> list[str]:
             out.append(f"- {run['row']}: {source_bytes / 1e6:.1f} MB of weights a token (the layer matrices "
                        f"and the head); {columns(args)[keys.index(decodes[0])][1]} per round at "
                        + " / ".join(shares) + " of that round's read ceiling (the KV cache not counted)")
+    stolen = [(run["row"], [r.get("stolen") for r in results[run["row"]] if "error" not in r]) for run in runs]
+    if any(share is not None for _, shares in stolen for share in shares):
+        out.append("- CPU time the hypervisor stole during each round's decode (/proc/stat steal, whole machine): "
+                   + "; ".join(f"{row} " + " / ".join("?" if v is None else f"{v:.1%}" for v in shares)
+                               for row, shares in stolen if shares))
     return [""] + out if out else []
 
 
