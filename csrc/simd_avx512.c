@@ -52,12 +52,19 @@ PL_TARGET_AVX512 static float vec_dot_f16_avx512(const void *w, const void *x, i
     return s;
 }
 
+/* Every element by one fused multiply-add, the tail's under a mask: an element's bits do not depend on
+ * where the range it lies in starts or ends (a decode step cuts the columns into runs of 8 between the
+ * threads; a scalar tail would round a·x and the sum apart for some of them). */
 PL_TARGET_AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int64_t n) {
     __m512 va = _mm512_set1_ps(a);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        __m512 sum = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, sum);
+    }
 }
 
 PL_DOT_QK_FROM(dot_f32_qk_avx512, PL_TARGET_AVX512, float, dot_f32_avx512)
