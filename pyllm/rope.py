@@ -1,7 +1,10 @@
 """Rotary embedding frequencies, with the scalings checkpoints ask for.
 
-Computed in float32 exactly as transformers computes them, so angles (position × frequency,
-formed in C) agree with the oracle's to the last bit.
+Computed in float32 in transformers' order of operations, so angles (position × frequency, formed
+in C) agree with the oracle's. One step is not IEEE arithmetic: pow, whose last bit numpy and torch
+take from SIMD paths that differ by library and CPU (they disagree on AVX-512). pyllm's is the float64
+power of the float32 operands rounded once: the same bits on every machine, within 1 ULP of
+transformers' on any.
 """
 from __future__ import annotations
 
@@ -21,10 +24,18 @@ def float32_theta(theta: float) -> np.float32:
     return np.float32(theta)
 
 
+def float32_powers(theta: float, n_rot: int) -> np.ndarray:
+    """theta^(2i / n_rot) for i < n_rot / 2, the exponents float32 as transformers forms them, the
+    power by the C library's float64 pow (correctly rounded to float32 but in cases far rarer than
+    a float32 pow's errors), then rounded once."""
+    exponents = np.arange(0, n_rot, 2, dtype=np.int64).astype(np.float32) / np.float32(n_rot)
+    base = float(float32_theta(theta))
+    return np.array([math.pow(base, float(e)) for e in exponents], dtype=np.float64).astype(np.float32)
+
+
 def default_inv_freq(head_dim: int, theta: float) -> np.ndarray:
     """1 / theta^(2i / head_dim) for i < head_dim / 2, in float32."""
-    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    return (1.0 / (float32_theta(theta) ** exponents)).astype(np.float32)
+    return (np.float32(1.0) / float32_powers(theta, head_dim)).astype(np.float32)
 
 
 def llama3_inv_freq(inv_freq: np.ndarray, scaling: dict) -> np.ndarray:

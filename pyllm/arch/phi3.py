@@ -34,8 +34,7 @@ DEFAULT_ORIGINAL_CONTEXT = 4096
 
 def longrope_inv_freq(n_rot: int, theta: float, factors: np.ndarray) -> np.ndarray:
     """1 / (factor_i · theta^(2i / n_rot)) in float32, in transformers' order of operations."""
-    exponents = np.arange(0, n_rot, 2, dtype=np.int64).astype(np.float32) / np.float32(n_rot)
-    return (np.float32(1.0) / (factors.astype(np.float32) * (rope.float32_theta(theta) ** exponents))).astype(np.float32)
+    return (np.float32(1.0) / (factors.astype(np.float32) * rope.float32_powers(theta, n_rot))).astype(np.float32)
 
 
 def _factors(value, n: int, key: str) -> np.ndarray:
