@@ -120,23 +120,23 @@ def _greedy(llm, ids: list[int], kv_dtype: str, n: int) -> tuple[list[int], list
     return tokens, margins
 
 
-@pytest.mark.parametrize("prompt, whole", [
-    ("Water boils at a temperature of 100 degrees Celsius, which is", True),
-    ("Once upon a time, there was a little", True),
-    ("The capital of France is", False),
-    ("The three primary colors are", False)])
-def test_smollm2_greedy_tokens_are_the_same_with_an_f16_cache(smollm2_gguf, prompt, whole):
-    """24 greedy tokens: the same throughout for the first two prompts; for the others, the same
-    until a step where the f32 cache's top two logits are within GREEDY_MARGIN of each other (a
-    tie that the rounding may break either way; observed there: 0.16 and 0.05)."""
+@pytest.mark.parametrize("prompt", [
+    "Water boils at a temperature of 100 degrees Celsius, which is",
+    "Once upon a time, there was a little",
+    "The capital of France is",
+    "The three primary colors are"])
+def test_smollm2_greedy_tokens_are_the_same_with_an_f16_cache(smollm2_gguf, prompt):
+    """24 greedy tokens: the same until a step where the f32 cache's top two logits are within
+    GREEDY_MARGIN of each other (a tie that the rounding may break either way), and never before the
+    fifth. Where the ties fall depends on the ISA: the 8-bit activations' rounding differs with each
+    kernel's float order. Measured 2026-11-28: first differences at steps (none, none, 5, 11) on AVX2,
+    (none, 12, 19, 8) on AVX-512, none on the scalar kernels; margins there 0.03-0.22."""
     llm = pyllm.load(smollm2_gguf, threads=2, n_ctx=128)
     ids = llm.tokenizer.encode(prompt)
     want, margins = _greedy(llm, ids, "f32", 24)
     got, _ = _greedy(llm, ids, "f16", 24)
     first = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
-    if whole:
-        assert first is None
-    elif first is not None:
+    if first is not None:
         assert first >= 4 and margins[first] < GREEDY_MARGIN
 
 

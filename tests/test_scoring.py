@@ -82,9 +82,16 @@ def test_bad_settings_are_refused(tiny):
         llm.score([5, 6, 7], top=-1)
 
 
+# SmolLM2 Q4_1 through 8-bit activations: its perplexity on the text moves with each ISA's float order
+# (measured 2026-11-28: 13.39 AVX2, 13.56 AVX-512, 13.57 scalar, transformers 13.40), as llama.cpp's
+# does; the same weights widened to f32 leave no such noise.
+Q4_1_PERPLEXITY_REL = 0.02
+F32_PERPLEXITY_REL = 1e-4
+
+
 @pytest.mark.slow
 def test_smollm2_perplexity_agrees_with_transformers(smollm2_gguf, smollm2_hf_from_gguf, capsys):
-    """`pyllm perplexity` on the real Q4_1 file, in sliding windows, within 0.5% of transformers'
+    """`pyllm perplexity` on the real Q4_1 file, in sliding windows, within 2% of transformers'
     perplexity on the same ids (its own load of the same file)."""
     llm = pyllm.load(smollm2_gguf, threads=2)
     with open(TEXT, encoding="utf-8") as f:
@@ -95,8 +102,21 @@ def test_smollm2_perplexity_agrees_with_transformers(smollm2_gguf, smollm2_hf_fr
     result = json.loads(capsys.readouterr().out)
     assert code == 0 and result["tokens"] == len(ids) and result["scored"] == len(ids) - 1
     want = math.exp(-reference_logprobs(smollm2_hf_from_gguf, ids, 128, 64).mean())
-    assert result["perplexity"] == pytest.approx(want, rel=0.005)
+    assert result["perplexity"] == pytest.approx(want, rel=Q4_1_PERPLEXITY_REL)
     print(f"SmolLM2 Q4_1 perplexity: pyllm {result['perplexity']:.4f}, transformers {want:.4f}")
+
+
+@pytest.mark.slow
+def test_smollm2_widened_to_f32_scores_the_text_as_transformers_does(smollm2_gguf, smollm2_hf_from_gguf):
+    """The same file with its weights widened to f32 (float activations, no 8-bit rounding): the
+    perplexity in the same sliding windows within 1e-4 of transformers', on every ISA."""
+    llm = pyllm.load(smollm2_gguf, threads=2, dtype="f32")
+    with open(TEXT, encoding="utf-8") as f:
+        ids = llm.tokenize(f.read())
+    score = llm.score(ids, top=0, window=128, stride=64)
+    want = math.exp(-reference_logprobs(smollm2_hf_from_gguf, ids, 128, 64).mean())
+    assert score.n_scored == len(ids) - 1
+    assert score.perplexity == pytest.approx(want, rel=F32_PERPLEXITY_REL)
 
 
 def test_perplexity_of_a_missing_file_is_a_clear_error(tiny, capsys):
