@@ -1,11 +1,13 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The loaders' string work in C: a GGUF file's string arrays (pyllm.formats.gguf) and the splits of a
 vocabulary's tokens (pyllm.tokenizer_gguf)."""
-from libc.stdint cimport int64_t
+# No typed memoryviews here: their support code would make this small module's C as big as _core's.
+from libc.stdint cimport int64_t, uintptr_t
 from libc.string cimport memcpy
 
 import numpy as np
 
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 from pyllm._csrc cimport PL_ERR_NOMEM, pl_vocab_split_list, pl_vocab_split_list_free, pl_vocab_splits
@@ -20,40 +22,49 @@ def vocab_splits(list tokens):
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:])
     del encoded
-    cdef const int64_t[::1] off = offsets
+    cdef const int64_t *off = <const int64_t *><uintptr_t>offsets.ctypes.data
     cdef const char *base = data
     cdef pl_vocab_split_list found
     cdef int64_t n = len(tokens)
     cdef int rc
     with nogil:
-        rc = pl_vocab_splits(base, &off[0], n, &found)
+        rc = pl_vocab_splits(base, off, n, &found)
     if rc == PL_ERR_NOMEM:
         raise MemoryError("no memory to split the vocabulary's tokens")
     if rc != 0:
         raise ValueError("a vocabulary of over 2^31 tokens, or a token of over 2^31 bytes")
     out = np.empty((4, found.n), dtype=np.int64)
-    cdef int64_t[:, ::1] o = out
+    cdef int64_t *o = <int64_t *><uintptr_t>out.ctypes.data
     if found.n:
-        memcpy(&o[0, 0], found.which, found.n * sizeof(int64_t))
-        memcpy(&o[1, 0], found.cut, found.n * sizeof(int64_t))
-        memcpy(&o[2, 0], found.left, found.n * sizeof(int64_t))
-        memcpy(&o[3, 0], found.right, found.n * sizeof(int64_t))
+        memcpy(o, found.which, found.n * sizeof(int64_t))
+        memcpy(o + found.n, found.cut, found.n * sizeof(int64_t))
+        memcpy(o + 2 * found.n, found.left, found.n * sizeof(int64_t))
+        memcpy(o + 3 * found.n, found.right, found.n * sizeof(int64_t))
     pl_vocab_split_list_free(&found)
     return tuple(out)
 
 
-def gguf_strings(const unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t count, Py_ssize_t end):
+def gguf_strings(buf, Py_ssize_t pos, Py_ssize_t count, Py_ssize_t end):
     """GGUF's array of count strings from buf[pos] (each a little-endian u64 length, then that
     many bytes of UTF-8), none past end, for pyllm.formats.gguf (a vocabulary's 262k strings
     took 0.3 s in a Python loop). Returns (strings, the position after them, None, 0, ""), or
     where it fails (None, the byte of the failing string's length, the problem, its index, and
     for "utf-8" the decoder's reason; "truncated": no room for the length; "claims": n past end)."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        if pos < 0 or end > view.len or pos > end:
+            raise ValueError(f"bytes [{pos}, {end}) are not inside a buffer of {view.len}")
+        return _strings_at(<const unsigned char *>view.buf, pos, count, end)
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef tuple _strings_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t count, Py_ssize_t end):
     cdef list out = [None] * count
     cdef Py_ssize_t i, at
     cdef unsigned long long n
     cdef int b
-    if pos < 0 or end > buf.shape[0] or pos > end:
-        raise ValueError(f"bytes [{pos}, {end}) are not inside a buffer of {buf.shape[0]}")
     for i in range(count):
         at = pos
         if end - pos < 8:
