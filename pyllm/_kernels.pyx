@@ -20,6 +20,7 @@ NORM_KINDS = enum_names(pl_norm_kind_name)
 
 
 def _install(int isa) -> None:
+    """pyllm._core.set_isa calls this with each ISA it installs."""
     pl_set_isa(isa)
 
 
