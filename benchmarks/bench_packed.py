@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from bench import git_commit, machine, version  # noqa: E402
-from pyllm import _core  # noqa: E402
+from pyllm import _core, _kernels  # noqa: E402
 from pyllm.dtypes import WeightType as W  # noqa: E402
 
 TYPES = {"q4_1": W.Q4_1, "q5_0": W.Q5_0, "q8_0": W.Q8_0, "q4_K": W.Q4_K, "q6_K": W.Q6_K}
@@ -48,7 +48,7 @@ def random_matrix(t: W, rows: int, cols: int, rng: np.random.Generator) -> np.nd
     """Quantized gaussian rows, a few thousand distinct ones tiled: quantizing 60 MB row by row would
     take longer than the benchmark, and the kernels' speed does not depend on the values."""
     distinct = min(rows, 1024)
-    base = np.concatenate([_core.from_f32(int(t), rng.standard_normal(cols).astype(np.float32))
+    base = np.concatenate([_kernels.from_f32(int(t), rng.standard_normal(cols).astype(np.float32))
                            for _ in range(distinct)])
     return np.resize(base, rows * base.size // distinct)
 
@@ -88,15 +88,15 @@ def main() -> None:
         for label, target in (("L2", 384 << 10), ("memory", 60 << 20)):
             rows = max(8, target // row_bytes // 8 * 8)
             w = random_matrix(t, rows, COLS, rng)
-            packed = _core.pack_weights(int(t), w, rows, COLS)
+            packed = _kernels.pack_weights(int(t), w, rows, COLS)
             print(f"\n{name} ({rows}, {COLS}), {w.size / 2**20:.1f} MiB ({label})")
             print(f"{'n':>5} {'packed ns':>10} {'cycles':>7} {'rows ns':>9} {'cycles':>7} {'speed-up':>9}")
             for n in (int(v) for v in args.n.split(",")):
                 x = rng.standard_normal((n, COLS)).astype(np.float32)
-                xq = _core.from_f32(_core.vec_dot_type(int(t)), x.reshape(-1))
+                xq = _kernels.from_f32(_core.vec_dot_type(int(t)), x.reshape(-1))
                 units = rows * (COLS // 32) * n
-                tp = best_time(lambda r: _core.gemm_packed_quantized(int(t), packed, rows, COLS, xq, n, repeat=r))
-                tr = best_time(lambda r: _core.dot_rows_matrix(int(t), w, rows, COLS, xq, n, repeat=r))
+                tp = best_time(lambda r: _kernels.gemm_packed_quantized(int(t), packed, rows, COLS, xq, n, repeat=r))
+                tr = best_time(lambda r: _kernels.dot_rows_matrix(int(t), w, rows, COLS, xq, n, repeat=r))
                 p_ns, r_ns = tp / units * 1e9, tr / units * 1e9
                 print(f"{n:>5} {p_ns:>10.3f} {p_ns * mhz / 1e3:>7.2f} {r_ns:>9.3f} {r_ns * mhz / 1e3:>7.2f} "
                       f"{tr / tp:>8.2f}x")

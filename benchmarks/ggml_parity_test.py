@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from test_quants import (  # noqa: F401  (isa is a fixture)
     isa,  # noqa: E402
-    ACTIVATION_OF, ISAS, QK_K, WEIGHT_TYPES, W, _core, bits_of, block_size, dot_reference,
+    ACTIVATION_OF, ISAS, QK_K, WEIGHT_TYPES, W, _core, _kernels, bits_of, block_size, dot_reference,
     dot_tolerance, gaussian, random_blocks, type_size, weight_row,
 )
 
@@ -57,7 +57,7 @@ def test_quantize_and_dequantize_match_libggml_bytes(t):
     getattr(base, f"quantize_row_{ggml_name(t)}_ref")(ptr(x), ptr(want), ctypes.c_int64(x.size))
     for isa in ISAS:
         _core.set_isa(isa)
-        np.testing.assert_array_equal(_core.from_f32(int(t), x), want, err_msg=isa)
+        np.testing.assert_array_equal(_kernels.from_f32(int(t), x), want, err_msg=isa)
     _core.set_isa("best")
     blocks = random_blocks(t, 64, np.random.default_rng(int(t)), extreme=False)
     deq = np.zeros(64 * block_size(t), dtype=np.float32)
@@ -88,9 +88,9 @@ def test_vec_dot_matches_libggml_cpu_kernel(t, isa):
     n = 8 * QK_K
     for seed in range(4):
         w = weight_row(t, n, 300 + seed)
-        xq = _core.from_f32(int(ACTIVATION_OF[t]), gaussian(n, 400 + seed))
+        xq = _kernels.from_f32(int(ACTIVATION_OF[t]), gaussian(n, 400 + seed))
         out = ctypes.c_float()
         dot(n, ctypes.byref(out), 0, ptr(w), 0, ptr(xq), 0, 1)
         _, scale = dot_reference(t, w, xq, n)
-        assert abs(_core.vec_dot(int(t), w, xq, n) - out.value) <= dot_tolerance(scale, n)
+        assert abs(_kernels.vec_dot(int(t), w, xq, n) - out.value) <= dot_tolerance(scale, n)
 

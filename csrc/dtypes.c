@@ -24,6 +24,36 @@ const pl_type_traits *pl_traits(int type) {
     return t && t->name ? t : NULL;
 }
 
+/* As ggml's block structs lay them out: a scale (f16 d, or d and a minimum m), the quants, and the
+ * k-quants' sub-block scales. */
+static const struct {
+    const char *name;
+    int64_t block_size, type_size;
+} layouts[PL_TYPE_COUNT] = {
+    [PL_TYPE_F32] = {"f32", 1, 4},
+    [PL_TYPE_F16] = {"f16", 1, 2},
+    [PL_TYPE_BF16] = {"bf16", 1, 2},
+    [PL_TYPE_Q4_0] = {"q4_0", 32, 2 + 16},
+    [PL_TYPE_Q4_1] = {"q4_1", 32, 2 + 2 + 16},
+    [PL_TYPE_Q5_0] = {"q5_0", 32, 2 + 4 + 16},
+    [PL_TYPE_Q5_1] = {"q5_1", 32, 2 + 2 + 4 + 16},
+    [PL_TYPE_Q8_0] = {"q8_0", 32, 2 + 32},
+    [PL_TYPE_Q8_1] = {"q8_1", 32, 4 + 4 + 32},
+    [PL_TYPE_Q2_K] = {"q2_K", 256, 256 / 16 + 256 / 4 + 2 + 2},
+    [PL_TYPE_Q3_K] = {"q3_K", 256, 256 / 8 + 256 / 4 + 12 + 2},
+    [PL_TYPE_Q4_K] = {"q4_K", 256, 2 + 2 + 12 + 256 / 2},
+    [PL_TYPE_Q5_K] = {"q5_K", 256, 2 + 2 + 12 + 256 / 8 + 256 / 2},
+    [PL_TYPE_Q6_K] = {"q6_K", 256, 256 / 2 + 256 / 4 + 256 / 16 + 2},
+    [PL_TYPE_Q8_K] = {"q8_K", 256, 4 + 256 + 256 / 16 * 2},
+};
+
+const char *pl_type_layout(int type, int64_t *block_size, int64_t *type_size) {
+    if (type < 0 || type >= PL_TYPE_COUNT || !layouts[type].name) return NULL;
+    *block_size = layouts[type].block_size;
+    *type_size = layouts[type].type_size;
+    return layouts[type].name;
+}
+
 int64_t pl_row_size(int type, int64_t n) {
     const pl_type_traits *t = pl_traits(type);
     if (!t || n < 0 || n % t->block_size) return -1;

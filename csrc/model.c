@@ -1,6 +1,6 @@
-/* model.c — the model struct described as data: the slot tables made from pyllm.h's one list, the
- * check that every present slot has the shape and type the model's sizes imply, and the packed
- * copies of its matrices. */
+/* model.c — the model struct described as data: the slot and hyper-parameter tables and the enums'
+ * names, made from pyllm.h's lists; the check that every present slot has the shape and type the
+ * model's sizes imply; the packed copies of its matrices. */
 #include <stddef.h>
 
 #include "kernels.h"
@@ -18,6 +18,26 @@ int pl_layer_slot_count(void) { return (int)(sizeof layer_slots / sizeof layer_s
 int pl_model_slot_count(void) { return (int)(sizeof model_slots / sizeof model_slots[0]); }
 const pl_slot *pl_layer_slot(int i) { return i >= 0 && i < pl_layer_slot_count() ? &layer_slots[i] : NULL; }
 const pl_slot *pl_model_slot(int i) { return i >= 0 && i < pl_model_slot_count() ? &model_slots[i] : NULL; }
+
+#define PL_HPARAM_ENTRY(type, name, names) {#name, PL_HPARAM_##type, names, offsetof(pl_model, name)},
+
+static const pl_hparam hparams[] = {PL_HPARAMS(PL_HPARAM_ENTRY)};
+
+int pl_hparam_count(void) { return (int)(sizeof hparams / sizeof hparams[0]); }
+const pl_hparam *pl_hparam_at(int i) { return i >= 0 && i < pl_hparam_count() ? &hparams[i] : NULL; }
+
+#define PL_ENUM_NAME(constant, name) [constant] = #name,
+#define PL_NAME_FUNCTION(function, list)                                                          \
+    const char *function(int i) {                                                                 \
+        static const char *const names[] = {list(PL_ENUM_NAME)};                                  \
+        return i >= 0 && i < (int)(sizeof names / sizeof names[0]) ? names[i] : NULL;            \
+    }
+
+PL_NAME_FUNCTION(pl_activation_name, PL_ACTIVATION_LIST)
+PL_NAME_FUNCTION(pl_norm_kind_name, PL_NORM_KIND_LIST)
+PL_NAME_FUNCTION(pl_slot_kind_name, PL_SLOT_KIND_LIST)
+PL_NAME_FUNCTION(pl_dim_name, PL_DIM_LIST)
+PL_NAME_FUNCTION(pl_trace_point_name, PL_TRACE_POINT_LIST)
 
 static int64_t dim_size(const pl_model *m, int d) {
     switch (d) {
@@ -57,6 +77,7 @@ const char *pl_model_check(const pl_model *m) {
     if (m->n_layers < 1 || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 || m->head_dim < 1 ||
         m->ffn_dim < 1 || m->vocab_size < 1 || m->n_positions < 0)
         return "a model dimension is not positive";
+    /* ModelSpec refuses these first; here only because attention would read past the last KV head */
     if (m->n_heads % m->n_kv_heads) return "n_heads must be a multiple of n_kv_heads";
     if (m->n_rot < 0 || m->n_rot > m->head_dim || m->n_rot % 2) return "n_rot must be even and at most head_dim";
     if (m->n_rot && (m->n_ropes < 1 || m->n_ropes > PL_MAX_ROPES)) return "the model has no rotary table";

@@ -26,6 +26,8 @@ enum pl_type {
     PL_TYPE_Q5_1 = 7,
     PL_TYPE_Q8_0 = 8,
     PL_TYPE_Q8_1 = 9,
+    PL_TYPE_Q2_K = 10, /* read from files, never multiplied */
+    PL_TYPE_Q3_K = 11, /* read from files, never multiplied */
     PL_TYPE_Q4_K = 12,
     PL_TYPE_Q5_K = 13,
     PL_TYPE_Q6_K = 14,
@@ -59,6 +61,10 @@ typedef struct {
 
 /* NULL for a type pyllm does not know. */
 const pl_type_traits *pl_traits(int type);
+/* The name of every type a file may hold (the numbers of enum pl_type, kernels or none), with its
+ * block's elements and bytes as ggml's block structs lay them out; NULL for any other number.
+ * What pyllm's readers size tensors by (pyllm/dtypes.py builds WeightType from it). */
+const char *pl_type_layout(int type, int64_t *block_size, int64_t *type_size);
 /* vec_dot_rows where the type has one, else vec_dot row by row: the reference every multi-row
  * kernel equals bit for bit. */
 void pl_vec_dot_rows(const pl_type_traits *t, const void *w, const void *x, int64_t x_stride, int n_rows,
@@ -74,7 +80,7 @@ uint16_t pl_f32_to_bf16(float f);
 
 /* ---------------------------------------------------------------- kernels by CPU (cpu.c) */
 
-enum pl_isa { PL_ISA_SCALAR = 0, PL_ISA_AVX2 = 1, PL_ISA_AVX512 = 2, PL_ISA_NEON = 3 };
+enum pl_isa { PL_ISA_SCALAR = 0, PL_ISA_AVX2 = 1, PL_ISA_AVX512 = 2, PL_ISA_NEON = 3, PL_ISA_COUNT };
 
 /* The best ISA this CPU and OS support (registers enabled by the OS included). */
 int pl_cpu_best_isa(void);
@@ -189,8 +195,16 @@ int pl_convert_tensor(pl_pool *pool, const pl_tensor *src, int dst_type, void *d
  *
  * Each flag is a branch per layer, never per element of a row. */
 
-enum pl_activation { PL_ACT_SILU = 0, PL_ACT_GELU_TANH = 1 };
-enum pl_norm_kind { PL_NORM_RMS = 0, PL_NORM_LAYER = 1 };
+/* The enums that Python names too are lists X(constant, name): a list makes its enum and its
+ * pl_*_name function (model.c; NULL past the last value), from which the binding builds its names. */
+#define PL_ENUM_CONSTANT(constant, name) constant,
+
+#define PL_ACTIVATION_LIST(X) X(PL_ACT_SILU, silu) X(PL_ACT_GELU_TANH, gelu_tanh)
+#define PL_NORM_KIND_LIST(X) X(PL_NORM_RMS, rms) X(PL_NORM_LAYER, layer)
+enum pl_activation { PL_ACTIVATION_LIST(PL_ENUM_CONSTANT) };
+enum pl_norm_kind { PL_NORM_KIND_LIST(PL_ENUM_CONSTANT) };
+const char *pl_activation_name(int i);
+const char *pl_norm_kind_name(int i);
 
 /* A norm step: RMS (x / rms(x) · w; Gemma's (1 + w) is folded into w at load) or LayerNorm
  * ((x - mean) / std · w + b). w == NULL: the step is absent. */
@@ -201,9 +215,15 @@ typedef struct {
 } pl_norm;
 
 /* What a slot holds: a weight matrix, a norm, or a float32 bias vector. */
-enum pl_slot_kind { PL_SLOT_MATRIX = 0, PL_SLOT_NORM = 1, PL_SLOT_VECTOR = 2 };
+#define PL_SLOT_KIND_LIST(X) X(PL_SLOT_MATRIX, matrix) X(PL_SLOT_NORM, norm) X(PL_SLOT_VECTOR, vector)
+enum pl_slot_kind { PL_SLOT_KIND_LIST(PL_ENUM_CONSTANT) };
+const char *pl_slot_kind_name(int i);
 /* The sizes slot shapes are written in. */
-enum pl_dim { PL_DIM_ONE = 0, PL_DIM_DIM, PL_DIM_Q, PL_DIM_KV, PL_DIM_FFN, PL_DIM_HEAD, PL_DIM_VOCAB, PL_DIM_POS };
+#define PL_DIM_LIST(X)                                                                            \
+    X(PL_DIM_ONE, one) X(PL_DIM_DIM, dim) X(PL_DIM_Q, q) X(PL_DIM_KV, kv) X(PL_DIM_FFN, ffn)       \
+    X(PL_DIM_HEAD, head) X(PL_DIM_VOCAB, vocab) X(PL_DIM_POS, pos)
+enum pl_dim { PL_DIM_LIST(PL_ENUM_CONSTANT) };
+const char *pl_dim_name(int i);
 
 /* The tensors of a layer, declared once: this list makes pl_layer's fields, the table the binding
  * fills them from (pl_layer_slots) and the shapes pl_model_check and the Python binder check.
@@ -272,17 +292,47 @@ typedef struct {
 
 #define PL_MAX_ROPES 4
 
+/* The model's hyper-parameters, declared once: this list makes pl_model's first fields and the
+ * table the binding fills them from (pl_hparam), each from the field of the same name of pyllm's
+ * ModelSpec (pyllm/arch/spec.py). X(type, name, names): type INT or FLOAT; names, for an enum, its
+ * pl_*_name function (ModelSpec holds the value's name), else NULL. */
+#define PL_HPARAMS(X)                                                                             \
+    X(INT, n_layers, NULL)                                                                        \
+    X(INT, dim, NULL)                                                                             \
+    X(INT, n_heads, NULL)                                                                         \
+    X(INT, n_kv_heads, NULL)                                                                      \
+    X(INT, head_dim, NULL)                                                                        \
+    X(INT, ffn_dim, NULL)                                                                         \
+    X(INT, vocab_size, NULL)                                                                      \
+    X(INT, n_positions, NULL)     /* rows of pos_embd; 0 without learned positions */             \
+    X(FLOAT, norm_eps, NULL)                                                                      \
+    X(FLOAT, attn_scale, NULL)    /* multiplies q·k: 1/sqrt(head_dim), or query_pre_attn_scalar^-1/2 */ \
+    X(FLOAT, attn_softcap, NULL)  /* scores = cap·tanh(scores / cap) before the mask; 0 = none */ \
+    X(FLOAT, logit_softcap, NULL) /* the same on the final logits; 0 = none */                    \
+    X(FLOAT, embed_scale, NULL)   /* multiplies embeddings; 1 but for Gemma (sqrt(dim) in f32) */ \
+    X(INT, activation, pl_activation_name) /* enum pl_activation */                               \
+    X(INT, n_rot, NULL)           /* leading dims of each head that rotate; 0 = no rope */        \
+    X(INT, rope_interleaved, NULL) /* 0: rotate halves (HF); 1: rotate adjacent pairs (GGUF llama) */
+
+#define PL_HPARAM_TYPE_INT int
+#define PL_HPARAM_TYPE_FLOAT float
+#define PL_HPARAM_FIELD(type, name, names) PL_HPARAM_TYPE_##type name;
+
+enum pl_hparam_type { PL_HPARAM_INT = 0, PL_HPARAM_FLOAT = 1 };
+
+/* One hyper-parameter of the list above, for the binding that fills them. */
 typedef struct {
-    int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size;
-    int n_positions;           /* rows of pos_embd; 0 without learned positions */
-    float norm_eps;
-    float attn_scale;          /* multiplies q·k: 1/sqrt(head_dim), or query_pre_attn_scalar^-1/2 */
-    float attn_softcap;        /* scores = cap·tanh(scores / cap) before the mask; 0 = none */
-    float logit_softcap;       /* the same on the final logits; 0 = none */
-    float embed_scale;         /* multiplies embeddings; 1 but for Gemma (sqrt(dim) in f32) */
-    int activation;            /* enum pl_activation */
-    int n_rot;                 /* leading dims of each head that rotate; 0 = no rope */
-    int rope_interleaved;      /* 0: rotate halves (HF); 1: rotate adjacent pairs (GGUF llama) */
+    const char *name;
+    int type;                    /* enum pl_hparam_type */
+    const char *(*names)(int i); /* an enum's pl_*_name, or NULL */
+    size_t offset;               /* of the field in pl_model */
+} pl_hparam;
+
+int pl_hparam_count(void);
+const pl_hparam *pl_hparam_at(int i);
+
+typedef struct {
+    PL_HPARAMS(PL_HPARAM_FIELD)
     int n_ropes;
     pl_rope_table ropes[PL_MAX_ROPES];
     PL_MODEL_SLOTS(PL_SLOT_FIELD)
@@ -359,19 +409,19 @@ int pl_forward_batch(const pl_model *m, pl_state *work, pl_state *const *seqs, i
  * them; probs (n_heads, rows, n_keys), key j in column j, 0 outside a query's window; the rest
  * (dim): attn_out and mlp_out are what the residual adds (after any post-norm), resid_attn the
  * residual after attention, hidden after the whole block. */
-enum pl_trace_point {
-    PL_TRACE_ATTN_NORM = 0,
-    PL_TRACE_Q,
-    PL_TRACE_K,
-    PL_TRACE_V,
-    PL_TRACE_PROBS,
-    PL_TRACE_ATTN_OUT,
-    PL_TRACE_RESID_ATTN,
-    PL_TRACE_FFN_NORM,
-    PL_TRACE_MLP_OUT,
-    PL_TRACE_HIDDEN,
-    PL_TRACE_POINTS
-};
+#define PL_TRACE_POINT_LIST(X)                                                                    \
+    X(PL_TRACE_ATTN_NORM, attn_norm)                                                              \
+    X(PL_TRACE_Q, q)                                                                              \
+    X(PL_TRACE_K, k)                                                                              \
+    X(PL_TRACE_V, v)                                                                              \
+    X(PL_TRACE_PROBS, probs)                                                                      \
+    X(PL_TRACE_ATTN_OUT, attn_out)                                                                \
+    X(PL_TRACE_RESID_ATTN, resid_attn)                                                            \
+    X(PL_TRACE_FFN_NORM, ffn_norm)                                                                \
+    X(PL_TRACE_MLP_OUT, mlp_out)                                                                  \
+    X(PL_TRACE_HIDDEN, hidden)
+enum pl_trace_point { PL_TRACE_POINT_LIST(PL_ENUM_CONSTANT) PL_TRACE_POINTS };
+const char *pl_trace_point_name(int i);
 
 /* Where a traced forward copies its intermediates: buffers of rows for positions
  * [pos0, pos0 + n_rows), a NULL buffer is a point not wanted. The forward checks only whether a

@@ -50,15 +50,19 @@ def int8_activations(core: _core.CoreModel) -> bool:
     """Whether the core's matmuls multiply 8-bit activations: with any quantized matrix they do, at
     every prompt length (so that prefill computes what decode does); with only float ones (f32, f16,
     bf16) activations stay float32."""
-    return any(_core.vec_dot_type(int(t)) != int(WeightType.F32) for t in core.weight_types)
+    return _int8_activations(core.weight_types)
 
 
-def default_kv_dtype(core: _core.CoreModel) -> str:
-    """The KV cache type of pyllm.load(kv_dtype=None): f16 for quantized weights, as llama.cpp's
-    default cache (half the cache's memory and reads; the logits move no more than another ISA's
-    kernels move them through the 8-bit activations: tests/test_kv_cache.py), f32 for float
-    weights, whose logits are proven against transformers'."""
-    return "f16" if int8_activations(core) else "f32"
+def _int8_activations(weight_types) -> bool:
+    return any(_core.vec_dot_type(int(t)) != int(WeightType.F32) for t in weight_types)
+
+
+def default_kv_dtype(weight_types) -> str:
+    """The KV cache type of pyllm.load(kv_dtype=None) for matrices of weight_types: f16 for quantized
+    weights, as llama.cpp's default cache (half the cache's memory and reads; the logits move no more
+    than another ISA's kernels move them through the 8-bit activations: tests/test_kv_cache.py), f32
+    for float weights, whose logits are proven against transformers'."""
+    return "f16" if _int8_activations(weight_types) else "f32"
 
 
 def parse_dtype(dtype: str | None) -> WeightType | None:
@@ -139,10 +143,14 @@ def build_core(
     threads: int,
     use_blas: bool = True,
     dtype: WeightType | None = None,
+    kv_dtype: str | None = None,
 ) -> _core.CoreModel:
     """The C model for spec over bound (engine slot -> tensor, as a family's hf_tensors or
     gguf_tensors gives it); keep owns the memory the tensors lie in. Every slot of csrc/pyllm.h's
-    list is checked here — shape, type, presence — before an address reaches C."""
+    list is checked here — shape, type, presence — before an address reaches C. kv_dtype: the cache
+    type of its sequences, None for default_kv_dtype's."""
+    if kv_dtype is not None:  # before any matrix is converted; the caller's ValueError, not a FormatError
+        _core.check_kv_dtype(kv_dtype, spec.head_dim)
     b = _Binder(spec, source, dtype, threads)
     bound = dict(bound)
     if spec.tied_embeddings:
@@ -161,28 +169,20 @@ def build_core(
             value = b.slot(key, entry, bound)
             if value is not None:
                 slots[key] = value
-    hparams = {
-        "n_layers": spec.n_layers, "dim": spec.dim, "n_heads": spec.n_heads,
-        "n_kv_heads": spec.n_kv_heads, "head_dim": spec.head_dim, "ffn_dim": spec.ffn_dim,
-        "vocab_size": spec.vocab_size, "n_positions": spec.n_positions, "norm_eps": spec.norm_eps,
-        "attn_scale": spec.attn_scale, "attn_softcap": spec.attn_softcap,
-        "logit_softcap": spec.logit_softcap, "embed_scale": spec.embed_scale,
-        "activation": spec.activation, "n_rot": spec.n_rot, "rope_interleaved": spec.rope_interleaved,
-    }
-    ropes = [(np.ascontiguousarray(r.inv_freq, dtype=np.float32), float(r.scale)) for r in spec.ropes]
-    layers = [(int(w), int(r)) for w, r in zip(spec.sliding_windows, spec.layer_ropes)]
+    if kv_dtype is None:
+        kv_dtype = default_kv_dtype({v[0] for k, v in slots.items() if _core.is_matrix(k)})
     # Once every matrix has been re-encoded the file's mapping is not needed: dropping it lets
     # quantize-on-load end with the quantized bytes resident, not the file's as well.
     owned = {int(a.ctypes.data) for a in b.owned.values()}
-    mapped = [v for k, v in slots.items() if _core._is_matrix(k) and v[3] not in owned]
+    mapped = [v for k, v in slots.items() if _core.is_matrix(k) and v[3] not in owned]
     # The core multiplies by its copies of the matrices in one block of huge pages (packed where
     # the type has a packed kernel): the file's pages of each such matrix were read once to copy it
     # and leave memory right after (they come back only if read again, as the embedding rows of a
     # tied head are), so the file's bytes never stay resident beside the copies.
     place = {key: functools.partial(_release_span, bound[key]) for key in _placed_in_mapping(slots, bound)}
     try:
-        return _core.CoreModel(hparams, slots, layers, ropes, ((keep, bound) if mapped else None, b.owned),
-                               threads, use_blas, openblas_thread_controls, place)
+        return _core.CoreModel(spec, slots, ((keep, bound) if mapped else None, b.owned), threads, kv_dtype,
+                               use_blas, openblas_thread_controls, place)
     except ValueError as e:
         raise FormatError(source, str(e)) from None
 
@@ -198,7 +198,7 @@ def _placed_in_mapping(slots: dict, bound: Mapping) -> frozenset:
     load (dtype=) keeps its one owned copy instead: copying it would hold both in memory."""
     out = set()
     for key, value in slots.items():
-        if key == "tok_embd" or not _core._is_matrix(key):
+        if key == "tok_embd" or not _core.is_matrix(key):
             continue
         if not (_core.packed_type(int(value[0])) or _core.weights_on_huge_pages()):
             continue

@@ -1,48 +1,21 @@
 """Weight types, numbered as ggml numbers them so a GGUF type id is used as it is.
 
-The C core (csrc/pyllm.h, enum pl_type) uses the same numbers.
+The C core declares them (csrc/pyllm.h, enum pl_type) and lays out their blocks (csrc/dtypes.c);
+WeightType and BLOCK_LAYOUT are made from its table at import.
 """
 from __future__ import annotations
 
 import enum
 
+from ._core import TYPE_LAYOUTS
 
-class WeightType(enum.IntEnum):
-    F32 = 0
-    F16 = 1
-    Q4_0 = 2
-    Q4_1 = 3
-    Q5_0 = 6
-    Q5_1 = 7
-    Q8_0 = 8
-    Q8_1 = 9
-    Q2_K = 10
-    Q3_K = 11
-    Q4_K = 12
-    Q5_K = 13
-    Q6_K = 14
-    Q8_K = 15
-    BF16 = 30
-
+# F32, F16, Q4_0, ..., Q4_K, ..., BF16: every type a file may hold, kernels or none
+WeightType = enum.IntEnum("WeightType", [(name.upper(), t) for t, (name, _, _) in TYPE_LAYOUTS.items()],
+                          module=__name__)
 
 # (elements per block, bytes per block) — the layouts of ggml's block structs.
 BLOCK_LAYOUT: dict[WeightType, tuple[int, int]] = {
-    WeightType.F32: (1, 4),
-    WeightType.F16: (1, 2),
-    WeightType.BF16: (1, 2),
-    WeightType.Q4_0: (32, 2 + 16),
-    WeightType.Q4_1: (32, 2 + 2 + 16),
-    WeightType.Q5_0: (32, 2 + 4 + 16),
-    WeightType.Q5_1: (32, 2 + 2 + 4 + 16),
-    WeightType.Q8_0: (32, 2 + 32),
-    WeightType.Q8_1: (32, 4 + 4 + 32),
-    WeightType.Q2_K: (256, 256 // 16 + 256 // 4 + 2 + 2),
-    WeightType.Q3_K: (256, 256 // 8 + 256 // 4 + 12 + 2),
-    WeightType.Q4_K: (256, 2 + 2 + 12 + 256 // 2),
-    WeightType.Q5_K: (256, 2 + 2 + 12 + 256 // 8 + 256 // 2),
-    WeightType.Q6_K: (256, 256 // 2 + 256 // 4 + 256 // 16 + 2),
-    WeightType.Q8_K: (256, 4 + 256 + 256 // 16 * 2),
-}
+    WeightType(t): (block, size) for t, (_, block, size) in TYPE_LAYOUTS.items()}
 
 # safetensors dtype strings pyllm reads, and the weight type each maps to.
 SAFETENSORS_DTYPES: dict[str, WeightType] = {

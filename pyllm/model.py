@@ -14,7 +14,7 @@ import numpy as np
 from . import _core, arch, hub
 from .arch.common import eos_ids
 from .arch.spec import ModelSpec
-from .binding import build_core, default_kv_dtype, parse_dtype
+from .binding import build_core, parse_dtype
 from .errors import ContextLengthError, FormatError
 from .formats.gguf import GGUFFile
 from .formats.json_files import read_json_object
@@ -52,10 +52,7 @@ class Model:
     """A language model ready to run. Build one with pyllm.load()."""
 
     def __init__(self, core: _core.CoreModel, spec: ModelSpec, tokenizer: Tokenizer, n_ctx: int,
-                 source: str, eos_ids: set[int], weights: dict | None = None, parallel: int = 4,
-                 kv_dtype: str = "f32"):
-        # every CoreSequence made for this model (caches, the engine's, traces) takes its cache type
-        core.kv_dtype = kv_dtype  # checked against the model's head_dim
+                 source: str, eos_ids: set[int], weights: dict | None = None, parallel: int = 4):
         self.spec = spec
         self.weights = weights or {}  # tensor name -> WeightSummary, as stored in the file
         self.tokenizer = tokenizer
@@ -498,7 +495,7 @@ def _check_vocabulary(tokenizer: Tokenizer, spec: ModelSpec, path: str, vocabula
         raise FormatError(path, f"{vocabulary} gives {tokenizer.n_ids} token ids, more than {rows}")
 
 
-def _load_folder(folder: str, threads: int, dtype):
+def _load_folder(folder: str, threads: int, dtype, kv_dtype):
     config = _read_config(folder, "config.json")
     try:
         family = arch.family_for(config)
@@ -507,7 +504,7 @@ def _load_folder(folder: str, threads: int, dtype):
         raise FormatError(os.path.join(folder, "config.json"), f"bad or missing setting: {e}") from None
     checkpoint = open_checkpoint(folder)
     bound = family.hf_tensors(spec, checkpoint.tensors, folder)
-    core = build_core(spec, bound, folder, checkpoint, threads, dtype=dtype)
+    core = build_core(spec, bound, folder, checkpoint, threads, dtype=dtype, kv_dtype=kv_dtype)
     tokenizer = Tokenizer.from_folder(folder)
     _check_vocabulary(tokenizer, spec, os.path.join(folder, "tokenizer.json"), "the tokenizer",
                       f"config.json's vocab_size of {spec.vocab_size} embedding rows")
@@ -517,7 +514,7 @@ def _load_folder(folder: str, threads: int, dtype):
     return core, spec, tokenizer, eos, {n: WeightSummary.of(t) for n, t in checkpoint.tensors.items()}
 
 
-def _load_gguf(path: str, threads: int, dtype):
+def _load_gguf(path: str, threads: int, dtype, kv_dtype):
     gguf = GGUFFile(path)
     meta = gguf.metadata
     try:
@@ -544,7 +541,7 @@ def _load_gguf(path: str, threads: int, dtype):
     tokenizer.n_ids = info.n_ids
     _check_vocabulary(tokenizer, spec, path, "tokenizer.ggml.tokens",
                       f"the {spec.vocab_size} rows of token_embd.weight")
-    core = build_core(spec, bound, path, gguf, threads, dtype=dtype)
+    core = build_core(spec, bound, path, gguf, threads, dtype=dtype, kv_dtype=kv_dtype)
     return core, spec, tokenizer, set(info.eos_ids), {n: WeightSummary.of(t) for n, t in gguf.tensors.items()}
 
 
@@ -586,9 +583,9 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
     path = hub.resolve(source, file=file, revision=revision, token=token)
     threads = int(threads) if threads is not None else default_threads()
     if os.path.isdir(path):
-        core, spec, tokenizer, eos, weights = _load_folder(path, threads, wtype)
+        core, spec, tokenizer, eos, weights = _load_folder(path, threads, wtype, kv_dtype)
     else:
-        core, spec, tokenizer, eos, weights = _load_gguf(path, threads, wtype)
+        core, spec, tokenizer, eos, weights = _load_gguf(path, threads, wtype, kv_dtype)
     if n_ctx is None:
         n_ctx = min(spec.max_seq_len, DEFAULT_MAX_CONTEXT, spec.max_ctx or DEFAULT_MAX_CONTEXT)
     if n_ctx < 1:
@@ -600,5 +597,4 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
         raise ValueError(f"n_ctx {n_ctx} is more than the {spec.n_positions} positions the model has learned")
     if n_ctx > spec.max_seq_len:
         raise ValueError(f"n_ctx {n_ctx} is more than the model's context of {spec.max_seq_len} tokens")
-    kv_dtype = default_kv_dtype(core) if kv_dtype is None else kv_dtype
-    return Model(core, spec, tokenizer, int(n_ctx), path, eos, weights, parallel=int(parallel), kv_dtype=kv_dtype)
+    return Model(core, spec, tokenizer, int(n_ctx), path, eos, weights, parallel=int(parallel))

@@ -18,7 +18,7 @@ import warnings
 
 from . import _core
 
-ISAS = ("scalar", "avx2", "avx512", "neon")
+ISAS = tuple(_core.ISA_NAMES.values())  # by number: scalar first
 ISA_ENV = "PYLLM_ISA"
 
 # The CPU flags the ISAs need, as Linux names them in /proc/cpuinfo (cpu.c asks the CPU itself, and

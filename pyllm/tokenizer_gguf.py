@@ -36,7 +36,7 @@ import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
-from . import _core
+from ._strings import vocab_splits
 from .errors import FormatError, UnsupportedModelError
 
 METADATA = "<gguf metadata>"
@@ -366,7 +366,7 @@ def _merges_from_vocab(vocab: Dict[str, int], scores: np.ndarray) -> List[Tuple[
     arrays; each pair is made of the two tokens' own strings.
     """
     ordered = list(vocab)
-    which, cut, left, right = _core.vocab_splits(ordered)
+    which, cut, left, right = vocab_splits(ordered)
     lengths = np.fromiter(map(len, ordered), dtype=np.int64, count=len(ordered))
     priority = scores[np.fromiter(vocab.values(), dtype=np.int64, count=len(ordered))]
     # descending (priority, left length, right length); ties in vocabulary order, cut by cut

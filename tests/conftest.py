@@ -146,7 +146,7 @@ def rng():
 
 
 # The ISAs this CPU runs (set_isa falls back to scalar for the others).
-ISAS = [isa for isa in ("scalar", "avx2", "avx512", "neon") if _core.set_isa(isa) == isa]
+ISAS = [isa for isa in _core.ISA_NAMES.values() if _core.set_isa(isa) == isa]
 _core.set_isa("best")
 
 

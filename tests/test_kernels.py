@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyllm import _core
+from pyllm import _core, _kernels
 from pyllm.blas import openblas_thread_controls
 from pyllm.dtypes import WeightType
 
@@ -29,7 +29,7 @@ def test_f32_narrows_to_f16_rounding_to_nearest_even(isa, rng):
     x = np.concatenate([rng.standard_normal(4096).astype(np.float32) * 10.0 ** rng.integers(-9, 6, 4096),
                         np.array([0.0, -0.0, 65504, 65520, 65519.99, 1e-8, 6e-8, 3e-8, 2.98e-8,
                                   np.inf, -np.inf], np.float32)]).astype(np.float32)
-    got = _core.from_f32(F16, x).view(np.float16)
+    got = _kernels.from_f32(F16, x).view(np.float16)
     with np.errstate(over="ignore"):
         want = x.astype(np.float16)
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
@@ -44,7 +44,7 @@ def test_every_bf16_value_widens_exactly(isa):
 
 def test_f32_narrows_to_bf16_as_torch_rounds(rng):
     x = (rng.standard_normal(10000) * 10.0 ** rng.integers(-30, 30, 10000)).astype(np.float32)
-    assert np.array_equal(_core.from_f32(BF16, x), _bf16_bytes(x))
+    assert np.array_equal(_kernels.from_f32(BF16, x), _bf16_bytes(x))
 
 
 @pytest.mark.parametrize("wtype", [F32, F16, BF16])
@@ -54,7 +54,7 @@ def test_vec_dot_matches_float64(isa, wtype, n, rng):
     x = rng.standard_normal(n).astype(np.float32)
     wb = {F32: w.view(np.uint8), F16: w.astype(np.float16).view(np.uint8), BF16: _bf16_bytes(w)}[wtype]
     wf = _core.to_f32(wtype, wb, n).astype(np.float64)
-    got = _core.vec_dot(wtype, wb, x.view(np.uint8), n)
+    got = _kernels.vec_dot(wtype, wb, x.view(np.uint8), n)
     assert got == pytest.approx(float(wf @ x.astype(np.float64)), rel=1e-5, abs=1e-4)
 
 
@@ -70,7 +70,7 @@ def test_matmul_paths_match_numpy(isa, wtype, n_tokens, path, rng):
     for threads in (1, 2, 3):
         # a small tile forces several sgemm tiles per matrix
         controls = openblas_thread_controls() if path == "sgemm_per_thread" else (0, 0)
-        y = _core.matmul(wtype, wb.reshape(-1), rows, cols, x, threads=threads,
+        y = _kernels.matmul(wtype, wb.reshape(-1), rows, cols, x, threads=threads,
                          blas=path != "vec_dot", tile_floats=cols * 9, blas_controls=controls)
         np.testing.assert_allclose(y, x @ wf.T, rtol=1e-4, atol=1e-4)
 
@@ -80,7 +80,7 @@ def test_softmax_matches_float64(isa, n, rng):
     x = (rng.standard_normal(n) * 20).astype(np.float32)
     want = np.exp(x.astype(np.float64) - x.max())
     want /= want.sum()
-    np.testing.assert_allclose(_core.softmax(x), want, rtol=2e-6, atol=1e-9)
+    np.testing.assert_allclose(_kernels.softmax(x), want, rtol=2e-6, atol=1e-9)
 
 
 @pytest.mark.parametrize("n", [1, 9, 64, 1536])
@@ -89,7 +89,7 @@ def test_swiglu_matches_float64(isa, n, rng):
     u = rng.standard_normal(n).astype(np.float32)
     g64 = g.astype(np.float64)
     want = g64 / (1 + np.exp(-g64)) * u
-    np.testing.assert_allclose(_core.swiglu(g, u), want, rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(_kernels.swiglu(g, u), want, rtol=2e-6, atol=1e-7)
 
 
 def test_scipy_openblas_thread_control_is_found():

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import pyllm
-from pyllm import _core
+from pyllm import _core, _kernels
 
 
 FAMILY_ATOL = 2e-2    # tiny bf16 families: observed ≤ 5.7e-3
@@ -43,10 +43,10 @@ def test_dot_f16_matches_float64_and_the_scalar_reference(isa, n, rng):
     q = rng.standard_normal(n).astype(np.float32)
     k = _f16(rng.standard_normal(n).astype(np.float32))
     want = float(np.dot(q.astype(np.float64), k.view(np.float16).astype(np.float64)))
-    got = _core.dot_f16(q, k)
+    got = _kernels.dot_f16(q, k)
     assert got == pytest.approx(want, rel=1e-5, abs=1e-4)
     _core.set_isa("scalar")
-    assert got == pytest.approx(_core.dot_f16(q, k), rel=1e-5, abs=1e-4)
+    assert got == pytest.approx(_kernels.dot_f16(q, k), rel=1e-5, abs=1e-4)
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 31, 64, 65, 128, 256, 1000])
@@ -55,17 +55,17 @@ def test_axpy_f16_matches_float64_and_the_scalar_reference(isa, n, rng):
     x = _f16(rng.standard_normal(n).astype(np.float32))
     a = float(rng.standard_normal())
     want = y.astype(np.float64) + np.float32(a) * x.view(np.float16).astype(np.float64)
-    got = _core.axpy_f16(y, a, x)
+    got = _kernels.axpy_f16(y, a, x)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     _core.set_isa("scalar")
-    np.testing.assert_allclose(got, _core.axpy_f16(y, a, x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got, _kernels.axpy_f16(y, a, x), rtol=1e-6, atol=1e-6)
 
 
 def test_f16_kernels_are_exact_on_small_integers(isa, rng):
     q = rng.integers(-4, 5, 200).astype(np.float32)
     k = _f16(rng.integers(-4, 5, 200).astype(np.float32))
-    assert _core.dot_f16(q, k) == float(np.dot(q, k.view(np.float16).astype(np.float32)))
-    assert np.array_equal(_core.axpy_f16(q, 3.0, k), q + 3.0 * k.view(np.float16).astype(np.float32))
+    assert _kernels.dot_f16(q, k) == float(np.dot(q, k.view(np.float16).astype(np.float32)))
+    assert np.array_equal(_kernels.axpy_f16(q, 3.0, k), q + 3.0 * k.view(np.float16).astype(np.float32))
 
 
 def _max_diffs(llm, n_prompt: int, steps: int, seed: int = 0, kv_dtype: str = "f16") -> tuple[float, float]:

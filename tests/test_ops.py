@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyllm import _core
+from pyllm import _core, _kernels
 
-ISAS = [isa for isa in ("scalar", "avx2", "avx512", "neon")
+ISAS = [isa for isa in _core.ISA_NAMES.values()
         if isa == "scalar" or _core.set_isa(isa) == isa]
 _core.set_isa("best")
 
@@ -40,7 +40,7 @@ def gelu_tanh_ref(x):
 def test_rmsnorm_matches_numpy(isa, rng, n):
     x = rng.normal(0, 3, n).astype(np.float32)
     w = rng.normal(1, 0.3, n).astype(np.float32)
-    np.testing.assert_allclose(_core.norm(x, w, kind="rms", eps=1e-6), rms_ref(x, w, 1e-6), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(_kernels.norm(x, w, kind="rms", eps=1e-6), rms_ref(x, w, 1e-6), rtol=2e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("n,with_bias", [(5, True), (64, True), (333, False)])
@@ -48,7 +48,7 @@ def test_layernorm_matches_numpy(isa, rng, n, with_bias):
     x = (rng.normal(0, 2, n) + 50).astype(np.float32)  # a large mean must not cancel the variance away
     w = rng.normal(1, 0.3, n).astype(np.float32)
     b = rng.normal(0, 0.1, n).astype(np.float32) if with_bias else None
-    got = _core.norm(x, w, b, kind="layer", eps=1e-5)
+    got = _kernels.norm(x, w, b, kind="layer", eps=1e-5)
     np.testing.assert_allclose(got, layernorm_ref(x, w, b, 1e-5), rtol=1e-4, atol=1e-4)
 
 
@@ -72,7 +72,7 @@ def test_rope_matches_numpy_in_both_layouts_and_partially(isa, rng, interleaved,
     x = rng.normal(0, 1, (3, 4 * head_dim)).astype(np.float32)
     angles = (7 * 10000.0 ** (-np.arange(max(n_rot, 2) // 2) * 2 / max(n_rot, 2))).astype(np.float32)
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-    got = _core.rope(x, 4, n_rot, cos, sin, interleaved)
+    got = _kernels.rope(x, 4, n_rot, cos, sin, interleaved)
     np.testing.assert_allclose(got, rope_ref(x, 4, n_rot, cos, sin, interleaved), rtol=1e-5, atol=1e-6)
     if n_rot < head_dim:  # the dims past n_rot pass unchanged
         tail = np.concatenate([np.arange(h * head_dim + n_rot, (h + 1) * head_dim) for h in range(4)])
@@ -81,7 +81,7 @@ def test_rope_matches_numpy_in_both_layouts_and_partially(isa, rng, interleaved,
 
 def test_softcap_matches_numpy(isa, rng):
     x = rng.normal(0, 40, 1000).astype(np.float32)
-    got = _core.softcap(x, 30.0)
+    got = _kernels.softcap(x, 30.0)
     np.testing.assert_allclose(got, (30.0 * np.tanh(x.astype(np.float64) / 30.0)), rtol=1e-6, atol=1e-5)
     assert np.abs(got).max() < 30.0
 
@@ -90,8 +90,8 @@ def test_softcap_matches_numpy(isa, rng):
 def test_gelu_and_geglu_match_numpy(isa, rng, n):
     g = rng.normal(0, 3, n).astype(np.float32)
     u = rng.normal(0, 1, n).astype(np.float32)
-    np.testing.assert_allclose(_core.gelu(g), gelu_tanh_ref(g), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(_core.geglu(g, u), gelu_tanh_ref(g) * u, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_kernels.gelu(g), gelu_tanh_ref(g), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_kernels.geglu(g, u), gelu_tanh_ref(g) * u, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("n", [1, 8, 13, 1000])
@@ -99,7 +99,7 @@ def test_swiglu_matches_numpy(isa, rng, n):
     g = rng.normal(0, 3, n).astype(np.float32)
     u = rng.normal(0, 1, n).astype(np.float32)
     g64 = g.astype(np.float64)
-    np.testing.assert_allclose(_core.swiglu(g, u), g64 / (1 + np.exp(-g64)) * u, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_kernels.swiglu(g, u), g64 / (1 + np.exp(-g64)) * u, rtol=1e-5, atol=1e-6)
 
 
 def attention_ref(q, k, v, n_heads, n_kv, scale, pos0, window, softcap, probs=None):
@@ -144,18 +144,18 @@ def test_attention_matches_numpy(isa, rng, blas, n_heads, n_kv, pos0, n, window,
     k = rng.normal(0, 1.5, (pos0 + n, n_kv * hd)).astype(np.float32)
     v = rng.normal(0, 1, (pos0 + n, n_kv * hd)).astype(np.float32)
     scale = 0.3
-    got = _core.attention(q, k, v, n_heads, n_kv, scale, pos0=pos0, window=window, softcap=softcap,
+    got = _kernels.attention(q, k, v, n_heads, n_kv, scale, pos0=pos0, window=window, softcap=softcap,
                           blas=blas, threads=2)
     want = attention_ref(q, k, v, n_heads, n_kv, scale, pos0, window, softcap)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     # a trace's copy of the probabilities: the same output, and 0 outside each query's window
-    got_again, probs = _core.attention(q, k, v, n_heads, n_kv, scale, pos0=pos0, window=window,
+    got_again, probs = _kernels.attention(q, k, v, n_heads, n_kv, scale, pos0=pos0, window=window,
                                        softcap=softcap, blas=blas, threads=2, with_probs=True)
     want_probs = np.zeros((n_heads, n, pos0 + n))
     attention_ref(q, k, v, n_heads, n_kv, scale, pos0, window, softcap, want_probs)
     np.testing.assert_array_equal(got_again, got)
     np.testing.assert_allclose(probs, want_probs, rtol=1e-4, atol=1e-6)
     # the head-major cache a model state keeps
-    got = _core.attention(q, by_head(k, n_kv), by_head(v, n_kv), n_heads, n_kv, scale, pos0=pos0, window=window,
+    got = _kernels.attention(q, by_head(k, n_kv), by_head(v, n_kv), n_heads, n_kv, scale, pos0=pos0, window=window,
                           softcap=softcap, blas=blas, threads=2, head_major=True)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

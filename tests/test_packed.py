@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyllm import _core
+from pyllm import _core, _kernels
 from pyllm.dtypes import WeightType as W
 
 from test_quants import (ACTIVATION_OF, ISAS, block_size, dot_tolerance, gaussian, np_dequantize, random_blocks,
@@ -41,7 +41,7 @@ def weight_matrix(t: W, rows: int, cols: int, seed: int, extreme: bool = False) 
     out = []
     for r in range(rows):
         if r % 2 == 0 and not extreme:
-            out.append(_core.from_f32(int(t), gaussian(cols, seed * 1000 + r)))
+            out.append(_kernels.from_f32(int(t), gaussian(cols, seed * 1000 + r)))
         else:
             out.append(random_blocks(t, cols // block_size(t), rng, extreme=extreme))
     return np.concatenate(out)
@@ -53,7 +53,7 @@ def activations(n: int, cols: int, seed: int) -> np.ndarray:
 
 
 def quantized(t: W, x: np.ndarray) -> np.ndarray:
-    return _core.from_f32(int(ACTIVATION_OF[t]), np.ascontiguousarray(x).reshape(-1))
+    return _kernels.from_f32(int(ACTIVATION_OF[t]), np.ascontiguousarray(x).reshape(-1))
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -115,7 +115,7 @@ def unpack(t: W, packed: np.ndarray, rows: int, cols: int) -> np.ndarray:
 def test_packed_layout_unpacks_to_the_file_bytes_with_zero_padding(t, rows):
     cols = some_cols(t, 576)
     w = weight_matrix(t, rows, cols, seed=rows)
-    packed = _core.pack_weights(int(t), w, rows, cols)
+    packed = _kernels.pack_weights(int(t), w, rows, cols)
     groups = (rows + 7) // 8
     assert packed.size == groups * (cols // block_size(t)) * type_size(t) * 8
     np.testing.assert_array_equal(unpack(t, packed, rows, cols), w)
@@ -129,7 +129,7 @@ def test_packed_gemm_matches_float64_product_of_dequantized_operands(t, isa):
     rows, cols, n = 37, some_cols(t, 576), 5
     w = weight_matrix(t, rows, cols, seed=int(t))
     x = activations(n, cols, seed=3)
-    got = _core.gemm_packed(int(t), _core.pack_weights(int(t), w, rows, cols), rows, cols, x)
+    got = _kernels.gemm_packed(int(t), _kernels.pack_weights(int(t), w, rows, cols), rows, cols, x)
     wf = np_dequantize(t, w).astype(np.float64).reshape(rows, cols)
     xf = np_dequantize(ACTIVATION_OF[t], quantized(t, x)).astype(np.float64).reshape(n, cols)
     want, scale = xf @ wf.T, np.abs(xf) @ np.abs(wf).T
@@ -143,19 +143,19 @@ def test_packed_gemm_result_is_the_same_bits_for_any_batch_subset_and_row_range(
     # sequence the same logits: each result may depend on its own weight row and activation row only.
     rows, cols, n = 45, some_cols(t, 576), 130
     w = weight_matrix(t, rows, cols, seed=7 + int(t))
-    packed = _core.pack_weights(int(t), w, rows, cols)
+    packed = _kernels.pack_weights(int(t), w, rows, cols)
     x = activations(n, cols, seed=11)
-    full = bits(_core.gemm_packed(int(t), packed, rows, cols, x))
+    full = bits(_kernels.gemm_packed(int(t), packed, rows, cols, x))
     for i in range(n):
-        np.testing.assert_array_equal(bits(_core.gemm_packed(int(t), packed, rows, cols, x[i:i + 1]))[0], full[i],
+        np.testing.assert_array_equal(bits(_kernels.gemm_packed(int(t), packed, rows, cols, x[i:i + 1]))[0], full[i],
                                       err_msg=f"activation row {i} alone")
     rng = np.random.default_rng(0)
     for size in (2, 3, 4, 5, 8, 17, 64):
         pick = np.sort(rng.choice(n, size, replace=False))
-        np.testing.assert_array_equal(bits(_core.gemm_packed(int(t), packed, rows, cols, x[pick])), full[pick],
+        np.testing.assert_array_equal(bits(_kernels.gemm_packed(int(t), packed, rows, cols, x[pick])), full[pick],
                                       err_msg=f"{size} activation rows")
     for r0, r1 in ((0, 8), (8, 24), (16, 45), (40, 45), (0, 45), (24, 37)):
-        part = bits(_core.gemm_packed(int(t), packed, rows, cols, x[:9], r0=r0, r1=r1))
+        part = bits(_kernels.gemm_packed(int(t), packed, rows, cols, x[:9], r0=r0, r1=r1))
         np.testing.assert_array_equal(part[:, r0:r1], full[:9, r0:r1], err_msg=f"rows [{r0}, {r1})")
         assert not part[:, :r0].any() and not part[:, r1:].any(), "wrote outside its rows"
 
@@ -166,11 +166,11 @@ def test_packed_gemm_result_is_the_same_bits_for_any_batch_subset_and_row_range(
 def test_packed_gemm_of_every_isa_equals_scalar_bit_for_bit(t, extreme, isa):
     rows, cols, n = 37, 1536, 17
     w = weight_matrix(t, rows, cols, seed=20 + int(t), extreme=extreme)
-    packed = _core.pack_weights(int(t), w, rows, cols)
+    packed = _kernels.pack_weights(int(t), w, rows, cols)
     x = activations(n, cols, seed=5)
-    got = _core.gemm_packed(int(t), packed, rows, cols, x)
+    got = _kernels.gemm_packed(int(t), packed, rows, cols, x)
     _core.set_isa("scalar")
-    want = _core.gemm_packed(int(t), packed, rows, cols, x)
+    want = _kernels.gemm_packed(int(t), packed, rows, cols, x)
     np.testing.assert_array_equal(bits(got), bits(want))
 
 
@@ -190,12 +190,12 @@ def test_each_isa_installs_its_build_of_the_packed_kernels(isa):
     # compiler knew it. Every test of this file then checks the build installed.
     flags = cpu_flags()
     if flags:
-        assert _core.cpu_has_vnni() == ("avx512_vnni" in flags and _core.best_isa() == "avx512")
-        assert _core.cpu_has_avx_vnni() == ("avx_vnni" in flags and _core.best_isa() in ("avx2", "avx512"))
-    avx_vnni = _core.cpu_has_avx_vnni() and _core.packed_avxvnni_compiled()
+        assert _kernels.cpu_has_vnni() == ("avx512_vnni" in flags and _core.best_isa() == "avx512")
+        assert _kernels.cpu_has_avx_vnni() == ("avx_vnni" in flags and _core.best_isa() in ("avx2", "avx512"))
+    avx_vnni = _kernels.cpu_has_avx_vnni() and _kernels.packed_avxvnni_compiled()
     want = {"scalar": "scalar", "neon": "neon", "avx2": "avxvnni" if avx_vnni else "avx2",
-            "avx512": "vnni" if _core.cpu_has_vnni() else "avx2"}[isa]
-    assert _core.packed_kernels() == want
+            "avx512": "vnni" if _kernels.cpu_has_vnni() else "avx2"}[isa]
+    assert _kernels.packed_kernels() == want
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i != "scalar"] or ["scalar"], indirect=True)
@@ -206,11 +206,11 @@ def test_packed_gemm_of_long_batches_and_wide_rows_equals_scalar(t, cols, n, isa
     # of 48 blocks pass over the groups in two parts, and a row of 8,193 blocks goes to the reference.
     rows, cols = 9, some_cols(t, cols)
     w = weight_matrix(t, rows, cols, seed=40 + int(t))
-    packed = _core.pack_weights(int(t), w, rows, cols)
+    packed = _kernels.pack_weights(int(t), w, rows, cols)
     x = activations(n, cols, seed=13)
-    got = _core.gemm_packed(int(t), packed, rows, cols, x)
+    got = _kernels.gemm_packed(int(t), packed, rows, cols, x)
     _core.set_isa("scalar")
-    np.testing.assert_array_equal(bits(got), bits(_core.gemm_packed(int(t), packed, rows, cols, x)))
+    np.testing.assert_array_equal(bits(got), bits(_kernels.gemm_packed(int(t), packed, rows, cols, x)))
 
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
@@ -221,8 +221,8 @@ def test_packed_gemm_agrees_with_vec_dot_within_the_quant_dot_tolerance(t, isa):
     w = weight_matrix(t, rows, cols, seed=30 + int(t))
     x = activations(n, cols, seed=9)
     xq = quantized(t, x)
-    got = _core.gemm_packed(int(t), _core.pack_weights(int(t), w, rows, cols), rows, cols, x)
-    want = _core.dot_rows_matrix(int(t), w, rows, cols, xq, n)
+    got = _kernels.gemm_packed(int(t), _kernels.pack_weights(int(t), w, rows, cols), rows, cols, x)
+    want = _kernels.dot_rows_matrix(int(t), w, rows, cols, xq, n)
     wf = np.abs(np_dequantize(t, w).astype(np.float64).reshape(rows, cols))
     xf = np.abs(np_dequantize(ACTIVATION_OF[t], xq).astype(np.float64).reshape(n, cols))
     assert np.all(np.abs(got - want) <= dot_tolerance(1.0, cols) * (xf @ wf.T) + 1e-30)
@@ -232,22 +232,22 @@ def test_packed_gemm_agrees_with_vec_dot_within_the_quant_dot_tolerance(t, isa):
 def test_packed_ops_reject_bad_shapes_lengths_and_ranges(t):
     rows, cols = 9, 2 * block_size(t)
     w = weight_matrix(t, rows, cols, seed=1)
-    packed = _core.pack_weights(int(t), w, rows, cols)
+    packed = _kernels.pack_weights(int(t), w, rows, cols)
     x = activations(2, cols, seed=1)
     with pytest.raises(ValueError, match=f"whole blocks of {block_size(t)}"):
-        _core.pack_weights(int(t), w, rows, cols * 3 // 4)
+        _kernels.pack_weights(int(t), w, rows, cols * 3 // 4)
     with pytest.raises(ValueError, match="bytes"):
-        _core.pack_weights(int(t), w[:-1], rows, cols)
+        _kernels.pack_weights(int(t), w[:-1], rows, cols)
     with pytest.raises(ValueError, match="bytes"):
-        _core.gemm_packed(int(t), packed[:-1], rows, cols, x)
+        _kernels.gemm_packed(int(t), packed[:-1], rows, cols, x)
     with pytest.raises(ValueError, match="bytes"):
-        _core.gemm_packed(int(t), packed, rows + 8, cols, x)
+        _kernels.gemm_packed(int(t), packed, rows + 8, cols, x)
     with pytest.raises(ValueError, match="columns"):
-        _core.gemm_packed(int(t), packed, rows, cols, activations(2, 32, seed=1))
+        _kernels.gemm_packed(int(t), packed, rows, cols, activations(2, 32, seed=1))
     for r0, r1 in ((4, 9), (0, 10), (8, 4), (-8, 4)):
         with pytest.raises(ValueError, match="range"):
-            _core.gemm_packed(int(t), packed, rows, cols, x, r0=r0, r1=r1)
+            _kernels.gemm_packed(int(t), packed, rows, cols, x, r0=r0, r1=r1)
     with pytest.raises(ValueError, match="bytes"):
-        _core.gemm_packed_quantized(int(t), packed, rows, cols, quantized(t, x)[:-1], 2)
+        _kernels.gemm_packed_quantized(int(t), packed, rows, cols, quantized(t, x)[:-1], 2)
     with pytest.raises(ValueError, match="no packed kernel"):
-        _core.pack_weights(int(W.Q4_0), np.zeros(rows * 36, np.uint8), rows, cols)
+        _kernels.pack_weights(int(W.Q4_0), np.zeros(rows * 36, np.uint8), rows, cols)

@@ -11,7 +11,7 @@ import pytest
 import pyllm
 from conftest import make_tiny_checkpoint
 from families import convert_to_gguf, make_family_checkpoint
-from pyllm import _core
+from pyllm import _core, _kernels
 
 QUANTIZED = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]
 
@@ -66,16 +66,16 @@ def test_a_q8_0_file_s_packed_matrices_give_the_same_bits(tmp_path, kv_dtype):
 def test_the_engine_s_matmul_on_packed_weights_is_the_kernel_s_for_any_split(wtype, threads):
     rng = np.random.default_rng(6)
     rows, cols = 45, 512  # whole k-quant super-blocks
-    w = _core.from_f32(wtype, rng.standard_normal(rows * cols).astype(np.float32))
+    w = _kernels.from_f32(wtype, rng.standard_normal(rows * cols).astype(np.float32))
     x = rng.standard_normal((9, cols)).astype(np.float32)
-    packed = _core.matmul(wtype, w, rows, cols, x, threads=threads, blas=False, packed=True)
-    rowwise = _core.matmul(wtype, w, rows, cols, x, threads=threads, blas=False)
+    packed = _kernels.matmul(wtype, w, rows, cols, x, threads=threads, blas=False, packed=True)
+    rowwise = _kernels.matmul(wtype, w, rows, cols, x, threads=threads, blas=False)
     if _core.packed_type(wtype):
-        np.testing.assert_array_equal(packed, _core.gemm_packed(wtype, _core.pack_weights(wtype, w, rows, cols),
+        np.testing.assert_array_equal(packed, _kernels.gemm_packed(wtype, _kernels.pack_weights(wtype, w, rows, cols),
                                                                 rows, cols, x))
         for t in range(len(x)):  # each token alone: the same bits
             np.testing.assert_array_equal(
-                _core.matmul(wtype, w, rows, cols, x[t:t + 1], threads=threads, blas=False, packed=True), packed[t:t + 1])
+                _kernels.matmul(wtype, w, rows, cols, x[t:t + 1], threads=threads, blas=False, packed=True), packed[t:t + 1])
     else:
         np.testing.assert_array_equal(packed, rowwise)  # no packed kernel: the row kernels
     np.testing.assert_allclose(packed, rowwise, rtol=1e-4, atol=1e-4 * np.abs(rowwise).max())

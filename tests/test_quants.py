@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyllm import _core
+from pyllm import _core, _kernels
 from pyllm.dtypes import BLOCK_LAYOUT, WeightType as W
 
 import gguf  # a test dependency: the reference of the block formats
@@ -38,7 +38,7 @@ def supported_isas() -> list[str]:
     """Every ISA the CPU runs, scalar first (set_isa returns what it installed)."""
     found = []
     try:
-        for name in ("scalar", "avx2", "avx512", "neon"):
+        for name in _core.ISA_NAMES.values():
             if _core.set_isa(name) == name:
                 found.append(name)
     finally:
@@ -273,7 +273,7 @@ def test_quantize_bytes_match_gguf_py_reference(t, isa):
     x = gaussian(64 * QK_K, int(t))
     x[:QK] = 0.0  # an all-zero block
     want = gguf.quants.quantize(x, gguf.GGMLQuantizationType(int(t)))
-    np.testing.assert_array_equal(_core.from_f32(int(t), x), want.ravel())
+    np.testing.assert_array_equal(_kernels.from_f32(int(t), x), want.ravel())
 
 
 # Largest |x − dequantize(quantize(x))| per block, in units of the block's quantization step:
@@ -286,7 +286,7 @@ STEP_BOUND = {W.Q4_0: (8, 1.02), W.Q5_0: (16, 1.02), W.Q8_0: (127, 0.57), W.Q4_1
 @pytest.mark.parametrize("t", list(STEP_BOUND), ids=lambda t: t.name)
 def test_quantize_error_within_half_step_of_block_scale(t):
     x = gaussian(256 * QK, 1 + int(t))
-    deq = _core.to_f32(int(t), _core.from_f32(int(t), x), x.size)
+    deq = _core.to_f32(int(t), _kernels.from_f32(int(t), x), x.size)
     xb, err = x.reshape(-1, QK), np.abs(deq - x).reshape(-1, QK).max(axis=1)
     levels, bound = STEP_BOUND[t]
     if t in (W.Q4_1, W.Q5_1):
@@ -307,7 +307,7 @@ RMSE_BOUND = {W.Q4_0: 0.16, W.Q4_1: 0.115, W.Q5_0: 0.08, W.Q5_1: 0.055, W.Q8_0: 
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
 def test_quantize_roundtrip_rms_error_within_format_bound(t):
     x = gaussian(64 * QK_K, 2 + int(t))
-    q = _core.from_f32(int(t), x)
+    q = _kernels.from_f32(int(t), x)
     deq = _core.to_f32(int(t), q, x.size)
     np.testing.assert_array_equal(bits_of(deq), bits_of(np_dequantize(t, q)))
     rel = np.sqrt(np.mean((deq - x) ** 2) / np.mean(x ** 2))
@@ -318,7 +318,7 @@ def test_k_quants_beat_same_bit_block_formats():
     x = gaussian(64 * QK_K, 3)
 
     def rmse(t):
-        return np.sqrt(np.mean((_core.to_f32(int(t), _core.from_f32(int(t), x), x.size) - x) ** 2))
+        return np.sqrt(np.mean((_core.to_f32(int(t), _kernels.from_f32(int(t), x), x.size) - x) ** 2))
 
     assert rmse(W.Q4_K) < min(rmse(W.Q4_0), rmse(W.Q4_1))
     assert rmse(W.Q5_K) < min(rmse(W.Q5_0), rmse(W.Q5_1))
@@ -329,7 +329,7 @@ def test_k_quants_beat_same_bit_block_formats():
 def test_quantize_of_zeros_and_constant_blocks_is_exact(t):
     x = np.zeros(2 * QK_K, dtype=np.float32)
     x[QK_K:] = 0.25  # a power of two: exact at every format's step
-    deq = _core.to_f32(int(t), _core.from_f32(int(t), x), x.size)
+    deq = _core.to_f32(int(t), _kernels.from_f32(int(t), x), x.size)
     np.testing.assert_array_equal(deq[:QK_K], 0)
     np.testing.assert_allclose(deq[QK_K:], 0.25, rtol=2e-3)
 
@@ -387,7 +387,7 @@ def activation_inputs(n: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("t", [W.Q8_0, W.Q8_1, W.Q8_K], ids=lambda t: t.name)
 def test_activation_quantizers_match_reference_bytes_on_every_isa(t, isa):
     x = activation_inputs(16 * QK_K, int(t))
-    got = _core.from_f32(int(t), x)
+    got = _kernels.from_f32(int(t), x)
     if t == W.Q8_0:
         assert gguf is not None
         want = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0).ravel()
@@ -405,7 +405,7 @@ def weight_row(t: W, n: int, seed: int) -> np.ndarray:
     """Half quantized from gaussian data, half random bytes with normal scales."""
     rng = np.random.default_rng(seed)
     half = n // 2 // block_size(t) * block_size(t)
-    q = _core.from_f32(int(t), gaussian(half, seed)) if half else np.empty(0, np.uint8)
+    q = _kernels.from_f32(int(t), gaussian(half, seed)) if half else np.empty(0, np.uint8)
     r = random_blocks(t, (n - half) // block_size(t), rng)
     return np.concatenate([q, r])
 
@@ -429,9 +429,9 @@ def dot_tolerance(scale: float, n: int) -> float:
 def test_vec_dot_matches_float64_dot_of_dequantized_operands(t, n_blocks, isa):
     n = n_blocks * block_size(t)
     w = weight_row(t, n, 10 * int(t) + n_blocks)
-    xq = _core.from_f32(int(ACTIVATION_OF[t]), gaussian(n, 7 + n_blocks))
+    xq = _kernels.from_f32(int(ACTIVATION_OF[t]), gaussian(n, 7 + n_blocks))
     want, scale = dot_reference(t, w, xq, n)
-    got = _core.vec_dot(int(t), w, xq, n)
+    got = _kernels.vec_dot(int(t), w, xq, n)
     assert abs(got - want) <= dot_tolerance(scale, n), (got, want)
 
 
@@ -444,11 +444,11 @@ def test_vec_dot_simd_agrees_with_scalar(t, isa):
     rows.append(random_blocks(t, n // block_size(t), rng, extreme=False))
     x = gaussian(n, 5)
     x[: n // 4] *= 100  # blocks of very different activation scales
-    xq = _core.from_f32(int(ACTIVATION_OF[t]), x)
-    simd = [_core.vec_dot(int(t), w, xq, n) for w in rows]
+    xq = _kernels.from_f32(int(ACTIVATION_OF[t]), x)
+    simd = [_kernels.vec_dot(int(t), w, xq, n) for w in rows]
     _core.set_isa("scalar")
-    assert np.array_equal(_core.from_f32(int(ACTIVATION_OF[t]), x), xq)
-    ref = [_core.vec_dot(int(t), w, xq, n) for w in rows]
+    assert np.array_equal(_kernels.from_f32(int(ACTIVATION_OF[t]), x), xq)
+    ref = [_kernels.vec_dot(int(t), w, xq, n) for w in rows]
     for w, s, r in zip(rows, simd, ref):
         _, scale = dot_reference(t, w, xq, n)
         assert abs(s - r) <= dot_tolerance(scale, n), (s, r)
@@ -467,13 +467,13 @@ def test_vec_dot_rows_equals_vec_dot_of_each_row_bit_for_bit(t, isa):
         n = nb * block_size(t)
         weights = [weight_row(t, n, 100 + int(t) + nb), random_blocks(t, nb, rng, extreme=True)]
         x = np.stack([gaussian(n, 200 + r) * np.float32(10.0 ** (r % 5 - 2)) for r in range(17)])
-        xq = np.concatenate([_core.from_f32(int(ACTIVATION_OF[t]), row) for row in x])
+        xq = np.concatenate([_kernels.from_f32(int(ACTIVATION_OF[t]), row) for row in x])
         row_bytes = xq.size // len(x)
         for w in weights:
-            want = np.array([_core.vec_dot(int(t), w, xq[r * row_bytes:(r + 1) * row_bytes], n)
+            want = np.array([_kernels.vec_dot(int(t), w, xq[r * row_bytes:(r + 1) * row_bytes], n)
                              for r in range(len(x))], np.float32)
             for n_rows in range(1, len(x) + 1):
-                got = _core.vec_dot_rows(int(t), w, xq[:n_rows * row_bytes], n_rows, n)
+                got = _kernels.vec_dot_rows(int(t), w, xq[:n_rows * row_bytes], n_rows, n)
                 np.testing.assert_array_equal(got.view(np.uint32), want[:n_rows].view(np.uint32),
                                               err_msg=f"{nb} blocks, {n_rows} rows")
 
@@ -483,11 +483,11 @@ def test_vec_dot_of_extreme_f16_scales_stays_finite_and_exact_enough():
     for t in WEIGHT_TYPES:
         n = 4 * QK_K
         w = random_blocks(t, n // block_size(t), rng, extreme=True)
-        xq = _core.from_f32(int(ACTIVATION_OF[t]), gaussian(n, 4) * np.float32(1e-3))
+        xq = _kernels.from_f32(int(ACTIVATION_OF[t]), gaussian(n, 4) * np.float32(1e-3))
         want, scale = dot_reference(t, w, xq, n)
         for isa in ISAS:
             _core.set_isa(isa)
-            got = _core.vec_dot(int(t), w, xq, n)
+            got = _kernels.vec_dot(int(t), w, xq, n)
             assert abs(got - want) <= dot_tolerance(scale, n), (t.name, isa, got, want)
         _core.set_isa("best")
 
@@ -499,7 +499,7 @@ def matmul_references(t: W, w: np.ndarray, rows: int, cols: int, x: np.ndarray):
     """(f32 activations, quantized activations) references in float64, and Σ|w·x| per output."""
     wd = np_dequantize(t, w).reshape(rows, cols).astype(np.float64)
     act = ACTIVATION_OF[t]
-    xq = np.stack([np_dequantize(act, _core.from_f32(int(act), row)) for row in x]).astype(np.float64)
+    xq = np.stack([np_dequantize(act, _kernels.from_f32(int(act), row)) for row in x]).astype(np.float64)
     return x.astype(np.float64) @ wd.T, xq @ wd.T, np.abs(x.astype(np.float64)) @ np.abs(wd).T
 
 
@@ -509,9 +509,9 @@ def matmul_references(t: W, w: np.ndarray, rows: int, cols: int, x: np.ndarray):
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
 def test_matmul_matches_dequantized_numpy_matmul(t, n, blas, threads):
     rows, cols = 37, 2 * QK_K  # rows not a multiple of the 16-row split
-    w = _core.from_f32(int(t), gaussian(rows * cols, int(t)) * np.float32(0.05))
+    w = _kernels.from_f32(int(t), gaussian(rows * cols, int(t)) * np.float32(0.05))
     x = np.ascontiguousarray(gaussian(n * cols, 9 + n).reshape(n, cols))
-    y = _core.matmul(int(t), w, rows, cols, x, threads=threads, blas=blas, tile_floats=8 * cols)
+    y = _kernels.matmul(int(t), w, rows, cols, x, threads=threads, blas=blas, tile_floats=8 * cols)
     ref_f32, ref_q, scale = matmul_references(t, w, rows, cols, x)
     tol_q = 4e-7 * (cols // QK + 4) * scale
     if not blas:

@@ -19,7 +19,7 @@ from tokenizers.pre_tokenizers import ByteLevel
 
 from pyllm.errors import FormatError, UnsupportedModelError
 from pyllm.formats.gguf import GGUFFile
-from pyllm import _core, tokenizer_gguf
+from pyllm import _strings, tokenizer_gguf
 from pyllm.tokenizer_gguf import PRE_TOKENIZERS, tokenizer_from_gguf
 
 
@@ -612,9 +612,9 @@ def test_merges_rebuilt_are_every_split_into_two_tokens(alphabet):
 
 def test_vocab_splits_cut_between_characters_and_name_the_first_of_equal_tokens():
     tokens = ["a", "é", "aé", "a", "日本", "日", "本", "x\ud800", "\ud800", "x", ""]
-    which, cut, left, right = _core.vocab_splits(tokens)
+    which, cut, left, right = _strings.vocab_splits(tokens)
     assert list(zip(which, cut, left, right)) == [(2, 1, 0, 1), (4, 1, 5, 6), (7, 1, 9, 8)]
-    assert [len(a) for a in _core.vocab_splits([])] == [0, 0, 0, 0]
+    assert [len(a) for a in _strings.vocab_splits([])] == [0, 0, 0, 0]
 
 
 def test_a_sentencepiece_vocabulary_with_a_huge_token_loads_in_linear_time():

@@ -146,7 +146,7 @@ def main() -> int:
     print(f"pyllm {pyllm.__version__} from {os.path.dirname(pyllm.__file__)}")
     best = _core.best_isa()
     # every ISA this CPU runs (set_isa falls back to scalar for the others)
-    isas = [isa for isa in ("scalar", "avx2", "avx512", "neon") if _core.set_isa(isa) == isa]
+    isas = [isa for isa in _core.ISA_NAMES.values() if _core.set_isa(isa) == isa]
     ok = True
     folder = tempfile.mkdtemp(prefix="pyllm-tiny-")
     try:

@@ -260,12 +260,6 @@ def plus_one(t: Tensor) -> ArrayTensor:
     return ArrayTensor(f"1+{t.name}", WeightType.F32, to_float32(t) + np.float32(1.0))
 
 
-def check_gguf_heads(meta: Mapping[str, object], arch: str) -> None:
-    """Head counts of a GGUF that do not divide, named by their GGUF keys (ModelSpec.validate names
-    the transformers config keys)."""
-    k = GGUFKeys(meta, arch)
-    n_heads = k.int("attention.head_count")
-    n_kv = k.int("attention.head_count_kv", n_heads)
-    if n_heads % n_kv:
-        raise ValueError(f"{k.name('attention.head_count')} {n_heads} is not a multiple of "
-                         f"{k.name('attention.head_count_kv')} {n_kv}")
+def gguf_head_keys(arch: str) -> dict[str, str]:
+    """ModelSpec.source_keys that name the head counts by their GGUF keys in its messages."""
+    return {"n_heads": f"{arch}.attention.head_count", "n_kv_heads": f"{arch}.attention.head_count_kv"}

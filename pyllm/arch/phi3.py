@@ -111,7 +111,6 @@ def spec_from_config(config: dict) -> ModelSpec:
 
 
 def spec_from_gguf(meta: dict, tensors: dict, arch: str) -> ModelSpec:
-    common.check_gguf_heads(meta, arch)
     k = common.GGUFKeys(meta, arch)
     dim, n_heads = k.int("embedding_length"), k.int("attention.head_count")
     if k.name("attention.key_length") not in meta and dim % n_heads:
@@ -126,7 +125,7 @@ def spec_from_gguf(meta: dict, tensors: dict, arch: str) -> ModelSpec:
         raise UnsupportedModelError(f"{k.name('rope.scaling.type')} {scaling!r} is not supported for phi3")
     theta = k.float("rope.freq_base", 10000.0)
     scale = k.float("rope.scaling.attn_factor", 1.0)
-    recipe: dict = dict(head_dim=head_dim, n_rot=n_rot)
+    recipe: dict = dict(head_dim=head_dim, n_rot=n_rot, source_keys=common.gguf_head_keys(arch))
     short = tensors.get("rope_factors_short.weight")
     if short is not None:
         factors = _factor_tensor(short, n_rot // 2)

@@ -60,8 +60,7 @@ def spec_from_config(config: dict) -> ModelSpec:
 
 
 def spec_from_gguf(meta: dict, tensors: dict, arch: str) -> ModelSpec:
-    common.check_gguf_heads(meta, arch)
-    return common.gguf_spec(meta, tensors, arch, "qwen2", qkv_bias=True)
+    return common.gguf_spec(meta, tensors, arch, "qwen2", qkv_bias=True, source_keys=common.gguf_head_keys(arch))
 
 
 def hf_tensors(spec: ModelSpec, tensors: dict, source: str) -> dict:

@@ -32,9 +32,8 @@ def spec_from_config(config: dict) -> ModelSpec:
 
 
 def spec_from_gguf(meta: dict, tensors: dict, arch: str) -> ModelSpec:
-    common.check_gguf_heads(meta, arch)
     return common.gguf_spec(meta, tensors, arch, "qwen3", qkv_bias="blk.0.attn_q.bias" in tensors,
-                            o_bias="blk.0.attn_output.bias" in tensors)
+                            o_bias="blk.0.attn_output.bias" in tensors, source_keys=common.gguf_head_keys(arch))
 
 
 def hf_tensors(spec: ModelSpec, tensors: dict, source: str) -> dict:

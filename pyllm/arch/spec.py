@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._core import ACTIVATIONS, NORM_KINDS
+
 # Far above any real model, low enough that nothing sized from these values can exhaust memory
 # before the tensor shapes (which a file must really hold) are checked against them.
 MAX_SIZE = 1 << 20
@@ -101,6 +103,9 @@ class ModelSpec:
     o_bias: bool = False        # the output projection does too (Llama attention_bias)
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
+    # what the source calls a field, for validate's messages ({"n_heads": "qwen2.attention.head_count"});
+    # a field not named here goes by its transformers config key
+    source_keys: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.n_rot is None:
@@ -154,9 +159,10 @@ class ModelSpec:
         for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"num_attention_heads {self.n_heads} is not a multiple of "
-                             f"num_key_value_heads {self.n_kv_heads}")
+        if self.n_heads % self.n_kv_heads:  # the only check: the core's own guards only its buffers
+            heads = self.source_keys.get("n_heads", "num_attention_heads")
+            kv_heads = self.source_keys.get("n_kv_heads", "num_key_value_heads")
+            raise ValueError(f"{heads} {self.n_heads} is not a multiple of {kv_heads} {self.n_kv_heads}")
         if not 0 <= self.n_rot <= self.head_dim or self.n_rot % 2:
             raise ValueError(f"the rotary dims {self.n_rot} must be even and at most head_dim {self.head_dim}")
         if self.n_rot and not self.ropes:
@@ -183,7 +189,7 @@ class ModelSpec:
                 raise ValueError(f"{name} must be a finite number > 0 (or absent), got {value}")
         if not math.isfinite(self.attn_scale) or self.attn_scale <= 0:
             raise ValueError(f"the attention scale must be finite and positive, got {self.attn_scale}")
-        if self.norm_kind not in ("rms", "layer"):
+        if self.norm_kind not in NORM_KINDS:
             raise ValueError(f"unknown norm kind {self.norm_kind!r}")
-        if self.activation not in ("silu", "gelu_tanh"):
+        if self.activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {self.activation!r}")

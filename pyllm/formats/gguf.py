@@ -36,7 +36,7 @@ import struct
 
 import numpy as np
 
-from .. import _core
+from .._strings import gguf_strings
 from ..dtypes import BLOCK_LAYOUT, WeightType, tensor_nbytes
 from ..errors import FormatError
 from .mapped import MappedFile, TensorInfo
@@ -178,7 +178,7 @@ class _Cursor:
     def strings(self, count: int, what: str, each: bool = True) -> list[str]:
         """count strings (a u64 length, then UTF-8) parsed by the core in one call: a vocabulary
         holds up to ~262k. Errors name what[i], or what alone for a single string (each=False)."""
-        out, pos, problem, i, detail = _core.gguf_strings(self.buf, self.pos, count, self.end)
+        out, pos, problem, i, detail = gguf_strings(self.buf, self.pos, count, self.end)
         name = f"{what}[{i}]" if each else what
         if problem == "truncated":
             raise self.fail(f"truncated: {name} at byte {pos} has no room for its length")
