@@ -249,7 +249,7 @@ def _byte_level(
     tokens: List[str], merges: List[Tuple[str, str]], pre: PreTokenizer, source: str
 ) -> Tuple[Tokenizer, Dict[str, int]]:
     """Byte-level BPE: every token is spelled in GPT-2's byte alphabet (Ġ for a space)."""
-    spelling = _bytes_to_unicode()
+    spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
     # A token written in plain text (a llama.cpp mislabel) is respelled byte by byte, as transformers does.
     vocab = {
@@ -388,7 +388,7 @@ def _add_special_tokens(
     types = token_types or ()
     if model == "gpt2":
         # A control token spelled outside the byte alphabet is a llama.cpp mislabel (transformers skips it).
-        alphabet = set(_bytes_to_unicode().values())
+        alphabet = set(bytes_to_unicode().values())
         control = [t for t, kind in zip(tokens, types) if kind == TOKEN_CONTROL and set(t) <= alphabet]
     else:
         control = [t for t, kind in zip(tokens, types) if kind == TOKEN_CONTROL]
@@ -438,7 +438,7 @@ def _template(bos: Optional[str], bos_id: Optional[int], eos: Optional[str], eos
 
 
 @lru_cache(maxsize=1)
-def _bytes_to_unicode() -> Dict[int, str]:
+def bytes_to_unicode() -> Dict[int, str]:
     """GPT-2's byte → printable character table (a space is "Ġ", a newline "Ċ")."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
     printable += list(range(ord("®"), ord("ÿ") + 1))

@@ -14,10 +14,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from .. import rope
+from ..checks import as_float, as_int
 from ..dtypes import WeightType, row_nbytes
 from ..errors import FormatError, UnsupportedModelError
 from ..formats.mapped import ArrayTensor, TensorInfo
-from .spec import MAX_LAYERS, MAX_VOCAB, ModelSpec, Rope, as_float, as_int
+from ..tensors import to_float32
+from .spec import MAX_LAYERS, MAX_VOCAB, ModelSpec, Rope
 
 Tensor = "TensorInfo | ArrayTensor"
 
@@ -256,7 +258,6 @@ def transposed(t: Tensor, source: str) -> ArrayTensor:
 
 def plus_one(t: Tensor) -> ArrayTensor:
     """Gemma's RMSNorm multiplies by (1 + w): folded in at load, in float32 as transformers does."""
-    from ..binding import to_float32
     return ArrayTensor(f"1+{t.name}", WeightType.F32, to_float32(t) + np.float32(1.0))
 
 

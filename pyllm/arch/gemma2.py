@@ -17,8 +17,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from .. import rope
+from ..checks import as_float, as_int
 from . import common, gemma
-from .spec import MAX_LAYERS, ModelSpec, Rope, as_float, as_int
+from .spec import MAX_LAYERS, ModelSpec, Rope
 
 ARCHITECTURES = ("Gemma2ForCausalLM",)
 GGUF_ARCHITECTURES = ("gemma2",)

@@ -15,10 +15,11 @@ window runs every layer as a full one.
 from __future__ import annotations
 
 from .. import rope
+from ..checks import as_int
 from ..errors import UnsupportedModelError
 from . import common, gemma, gemma2
 from .gemma2 import FULL, SLIDING
-from .spec import MAX_LAYERS, ModelSpec, Rope, as_int
+from .spec import MAX_LAYERS, ModelSpec, Rope
 
 ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 GGUF_ARCHITECTURES = ("gemma3",)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 
+from ..checks import as_float, as_int
 from ..errors import UnsupportedModelError
 from . import common
-from .spec import MAX_LAYERS, MAX_VOCAB, ModelSpec, as_float, as_int
+from .spec import MAX_LAYERS, MAX_VOCAB, ModelSpec
 
 ARCHITECTURES = ("GPT2LMHeadModel",)
 GGUF_ARCHITECTURES = ("gpt2",)

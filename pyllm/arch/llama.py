@@ -7,6 +7,7 @@ permutes q/k rows of these models so that its GGUF files rotate adjacent pairs.
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
+from ..tensors import to_float32
 from . import common
 from .spec import ModelSpec
 
@@ -29,7 +30,6 @@ def spec_from_gguf(meta: dict, tensors: dict, arch: str) -> ModelSpec:
                             qkv_bias="blk.0.attn_q.bias" in tensors,
                             o_bias="blk.0.attn_output.bias" in tensors)
     if "rope_freqs.weight" in tensors:
-        from ..binding import to_float32
         common.apply_rope_freq_factors(spec, to_float32(tensors["rope_freqs.weight"]))
     return spec
 
