@@ -26,10 +26,10 @@ _apply_isa_override()  # PYLLM_ISA=scalar|avx2|avx512|neon replaces the best ker
 from .chat import ChatMessageError, ChatTemplateError
 from .errors import ContextLengthError, FormatError, PyllmError, UnsupportedModelError
 from .generation import Completion, Stream
-from .model import Model, load
+from .loader import load
+from .model import Model
 from .sampling import SamplingParams, SamplingParamsError
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "ChatMessageError",

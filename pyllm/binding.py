@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+
 import numpy as np
 
 from . import _core
@@ -16,19 +17,7 @@ from .blas import openblas_thread_controls
 from .dtypes import WeightType
 from .errors import FormatError, UnsupportedModelError
 from .formats.mapped import TensorInfo
-
-
-def to_float32(info: TensorInfo) -> np.ndarray:
-    """A float32 copy of a tensor of any stored type (used for norms and biases)."""
-    raw = info.bytes()
-    count = int(np.prod(info.shape, dtype=np.int64)) if info.shape else 1
-    if info.wtype == WeightType.F32:
-        return raw.view(np.float32).copy()
-    if info.wtype == WeightType.F16:
-        return raw.view(np.float16).astype(np.float32)
-    if info.wtype == WeightType.BF16:
-        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    return _core.to_f32(int(info.wtype), np.ascontiguousarray(raw), count)
+from .tensors import to_float32
 
 
 # dtype= names for quantize-on-load, and what a k-quant falls back to for rows that are not whole

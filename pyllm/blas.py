@@ -15,7 +15,7 @@ import os
 _PREFIXES = ("scipy_openblas_", "openblas_")
 
 
-def _candidate_libraries() -> list[str]:
+def candidate_libraries() -> list[str]:
     found = []
     try:
         with open("/proc/self/maps") as maps:
@@ -37,7 +37,7 @@ def openblas_thread_controls() -> tuple[int, int]:
     """Addresses of (set_num_threads, get_num_threads) of SciPy's OpenBLAS, or (0, 0)."""
     import scipy.linalg.cython_blas  # noqa: F401  (loads the library whose symbols we look up)
 
-    for path in _candidate_libraries():
+    for path in candidate_libraries():
         try:
             lib = ctypes.CDLL(path)
         except OSError:

@@ -33,18 +33,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .errors import PyllmError
+from .errors import ChatTemplateError, PyllmError
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 RENDER_SECONDS = 5.0   # a real template renders a long conversation in milliseconds
 MAX_CHARS = 1 << 21    # 2 Mi characters: more than any context holds (a 128k-token prompt is ~0.5 Mi)
 MADE_CHARS = 1 << 25   # all values one rendering makes, together
-
-
-class ChatTemplateError(PyllmError):
-    """A chat template failed: bad syntax, a raise_exception() call (its message verbatim), an
-    unsafe operation blocked by the sandbox, or any other error while rendering."""
 
 
 class ChatMessageError(PyllmError, ValueError):
@@ -79,8 +74,9 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str | None = 
     variables = _plain(variables)
     variables.setdefault("tools", None)
     variables.setdefault("documents", None)
-    from .chat_sandbox import render  # jinja2 is ~7 MB resident: imported by the first chat only
-    return render(template, _plain(chat), add_generation_prompt, variables)
+    from .chat_sandbox import Limits, render  # jinja2 is ~7 MB resident: imported by the first chat only
+    return render(template, _plain(chat), add_generation_prompt, variables,
+                  Limits(RENDER_SECONDS, MAX_CHARS, MADE_CHARS))
 
 
 def _check_messages(messages) -> None:

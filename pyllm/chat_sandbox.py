@@ -11,7 +11,7 @@ import time
 from contextvars import ContextVar
 from datetime import datetime
 from functools import lru_cache
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import jinja2
 import jinja2.ext
@@ -20,17 +20,24 @@ from jinja2.compiler import CodeGenerator
 from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from . import chat as limits
-from .chat import ChatTemplateError
+from .checks import is_int
+from .errors import ChatTemplateError
 
 _MIN_JINJA = (3, 1, 6)  # older releases have known sandbox escapes; templates are untrusted code
 _MAX_INT_BITS = 1 << 16
 
 
-def render(template: str, messages: list, add_generation_prompt: bool, variables: dict) -> str:
+class Limits(NamedTuple):
+    """What one rendering may spend (chat.py sets them)."""
+    seconds: float      # of rendering
+    max_chars: int      # of the output, and of any one value
+    made_chars: int     # of all values made together
+
+
+def render(template: str, messages: list, add_generation_prompt: bool, variables: dict, limits: Limits) -> str:
     """template rendered over messages and variables (plain JSON values, prepared by render_chat),
-    within the limits chat.py sets; any failure is a ChatTemplateError."""
-    budget = _Budget(time.monotonic() + limits.RENDER_SECONDS)
+    within limits; any failure is a ChatTemplateError."""
+    budget = _Budget(time.monotonic() + limits.seconds, limits)
     compiled = _compile(template)
     token = _BUDGET.set(budget)
     try:
@@ -38,8 +45,8 @@ def render(template: str, messages: list, add_generation_prompt: bool, variables
         for piece in compiled.generate(messages=messages, add_generation_prompt=add_generation_prompt,
                                        **variables):
             size += len(piece)
-            if size > limits.MAX_CHARS:
-                raise ChatTemplateError(f"chat template wrote more than {limits.MAX_CHARS:,} characters")
+            if size > limits.max_chars:
+                raise ChatTemplateError(f"chat template wrote more than {limits.max_chars:,} characters")
             budget.tick()
             out.append(piece)
         return "".join(out)
@@ -58,26 +65,27 @@ def render(template: str, messages: list, add_generation_prompt: bool, variables
 class _Budget:
     """What one rendering may still spend: time until deadline, and characters of values made."""
 
-    def __init__(self, deadline: float):
+    def __init__(self, deadline: float, limits: Limits):
         self.deadline = deadline
+        self.limits = limits
         self.made = 0
 
     def tick(self) -> None:
         if time.monotonic() > self.deadline:
-            raise ChatTemplateError(f"chat template took more than {limits.RENDER_SECONDS:g} s to render")
+            raise ChatTemplateError(f"chat template took more than {self.limits.seconds:g} s to render")
 
     def need(self, size: int, what: str) -> None:
         """Refuses, before it runs, an operation that would make a value of size characters."""
-        if size > limits.MAX_CHARS:
+        if size > self.limits.max_chars:
             raise ChatTemplateError(f"chat template would make {what} of {size:,} characters or items "
-                                    f"(at most {limits.MAX_CHARS:,})")
+                                    f"(at most {self.limits.max_chars:,})")
 
     def charge(self, value):
         size = _size(value)
         self.need(size, "a value")
         self.made += size
-        if self.made > limits.MADE_CHARS:
-            raise ChatTemplateError(f"chat template made more than {limits.MADE_CHARS:,} characters of values")
+        if self.made > self.limits.made_chars:
+            raise ChatTemplateError(f"chat template made more than {self.limits.made_chars:,} characters of values")
         self.tick()
         return value
 
@@ -95,10 +103,6 @@ def _size(value) -> int:
     return len(value) if isinstance(value, (str, bytes, list, tuple, dict, set, frozenset)) else 0
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 # Widths and precisions in printf-style and str.format format strings.
 _PRINTF_WIDTHS = re.compile(r"%[-#0 +]*(\d*)(?:\.(\d*))?")
 _FORMAT_SPECS = re.compile(r"\{[^{}]*:([^{}]*)\}")
@@ -107,7 +111,7 @@ _FORMAT_SPECS = re.compile(r"\{[^{}]*:([^{}]*)\}")
 def _check_args(budget: _Budget, args, kwargs) -> None:
     """No int argument larger than a value may be (a width, a count, a fill)."""
     for value in (*args, *kwargs.values()):
-        if _is_int(value) and abs(value) > limits.MAX_CHARS:
+        if is_int(value) and abs(value) > budget.limits.max_chars:
             budget.need(abs(value), "a value (from an argument)")
 
 
@@ -136,13 +140,13 @@ def _joined_size(sep, items) -> int:
 def _check_binop(budget: _Budget, op: str, left, right) -> None:
     if op == "*":
         for seq, n in ((left, right), (right, left)):
-            if _size(seq) and _is_int(n):
+            if _size(seq) and is_int(n):
                 budget.need(_size(seq) * n, "a repeated value")
-        if _is_int(left) and _is_int(right) and left.bit_length() + right.bit_length() > _MAX_INT_BITS:
+        if is_int(left) and is_int(right) and left.bit_length() + right.bit_length() > _MAX_INT_BITS:
             raise _too_big_int()
     elif op == "+" and _size(left) and _size(right):
         budget.need(_size(left) + _size(right), "a concatenation")
-    elif op == "**" and _is_int(left) and _is_int(right) and abs(left) > 1 and right > 0:
+    elif op == "**" and is_int(left) and is_int(right) and abs(left) > 1 and right > 0:
         if left.bit_length() * right > _MAX_INT_BITS:
             raise _too_big_int()
     elif op == "%" and isinstance(left, str):
@@ -166,7 +170,7 @@ def _check_method(budget: _Budget, method, args, kwargs) -> None:
         budget.need(_joined_size(owner, args[0]), "a joined string")
     elif name == "expandtabs":
         size = args[0] if args else kwargs.get("tabsize", 8)
-        if _is_int(size):
+        if is_int(size):
             budget.need(len(owner) + owner.count("\t") * size, "an expanded string")
     elif name in ("format", "format_map"):
         _check_format(budget, owner)
@@ -191,7 +195,7 @@ def _guarded_filter(name: str, f):
                         "a joined string")
         elif name == "indent" and own and isinstance(own[0], str):
             width = own[1] if len(own) > 1 else kwargs.get("width", 4)
-            budget.need((own[0].count("\n") + 1) * (_size(width) or (width if _is_int(width) else 0)),
+            budget.need((own[0].count("\n") + 1) * (_size(width) or (width if is_int(width) else 0)),
                         "an indented string")
         elif name == "wordwrap" and own and isinstance(own[0], str):
             wrap = kwargs.get("wrapstring") or (own[3] if len(own) > 3 else None)
@@ -200,7 +204,7 @@ def _guarded_filter(name: str, f):
             _check_format(budget, own[0])
         elif name == "tojson":
             indent = own[1] if len(own) > 1 else kwargs.get("indent")
-            if (_size(indent) or (indent if _is_int(indent) else 0)) > 64:
+            if (_size(indent) or (indent if is_int(indent) else 0)) > 64:
                 raise ChatTemplateError(f"chat template asks tojson for an indent of {indent!r} (at most 64)")
         return budget.charge(f(*args, **kwargs))
 

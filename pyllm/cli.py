@@ -23,8 +23,9 @@ import os
 import sys
 from collections import Counter
 
-from . import __version__, cli_inspect, hub
+from . import cli_inspect, hub
 from .errors import PyllmError
+from .version import __version__
 
 
 def _count(text: str) -> int:
@@ -46,7 +47,7 @@ def _sampling(args: argparse.Namespace) -> dict:
 
 def load_model(args: argparse.Namespace, **settings):
     """The model the command names, with --file/--revision for a Hugging Face id."""
-    from .model import load
+    from .loader import load
 
     settings.setdefault("threads", args.threads)
     settings.setdefault("n_ctx", getattr(args, "n_ctx", None))
@@ -191,7 +192,7 @@ def _info(args: argparse.Namespace) -> int:
     print(f"source:          {llm.source}")
     print(f"architecture:    {spec.family} ({spec.n_layers} layers, dim {spec.dim}, {spec.n_heads} heads, "
           f"{spec.n_kv_heads} KV heads, head_dim {spec.head_dim}, FFN {spec.ffn_dim})")
-    for line in spec.describe(llm._core.slot_names):
+    for line in spec.describe(llm.core.slot_names):
         print(line)
     params, per_type = 0, Counter()
     for info in llm.weights.values():
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="describe this machine and the kernels pyllm picked instead (MODEL is not loaded)")
     info.set_defaults(func=_info)
 
-    cli_inspect.add_commands(sub, model_arg)  # verify, inspect, perplexity
+    cli_inspect.add_commands(sub, model_arg, load_model)  # verify, inspect, perplexity
 
     listing = sub.add_parser("list", help="the aliases, and the Hugging Face models in the HF cache pyllm can load")
     listing.set_defaults(func=_list)

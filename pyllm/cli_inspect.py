@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+from collections.abc import Callable
 
 
 def _int_list(text: str) -> list[int]:
@@ -30,9 +32,8 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _inspect(args: argparse.Namespace) -> int:
+def _inspect(load_model: Callable, args: argparse.Namespace) -> int:
     from . import plots
-    from .cli import load_model
 
     llm = load_model(args)
     if args.plot == "attention":
@@ -46,8 +47,7 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _perplexity(args: argparse.Namespace) -> int:
-    from .cli import load_model
+def _perplexity(load_model: Callable, args: argparse.Namespace) -> int:
     from .errors import PyllmError
 
     try:
@@ -80,8 +80,9 @@ def _progress(total: int, quiet: bool):
                 file=sys.stderr)
 
 
-def add_commands(sub, model_arg) -> None:
-    """Adds verify, inspect and perplexity to the pyllm command's subparsers."""
+def add_commands(sub, model_arg: Callable, load_model: Callable) -> None:
+    """Adds verify, inspect and perplexity to the pyllm command's subparsers; model_arg(parser) adds
+    the model's arguments, load_model(args) loads what they name (both cli.py's)."""
     verify = sub.add_parser("verify", help="compare pyllm with transformers, component by component")
     model_arg(verify)
     verify.add_argument("prompt", nargs="?", default=None, help="the text to run (default: a fixed sentence)")
@@ -99,7 +100,7 @@ def add_commands(sub, model_arg) -> None:
     inspect.add_argument("--layers", type=_int_list, default=None,
                          help="layers to draw (default: attention the first and last, logit lens all)")
     inspect.add_argument("--heads", type=_int_list, default=None, help="attention heads to draw (default all)")
-    inspect.set_defaults(func=_inspect)
+    inspect.set_defaults(func=functools.partial(_inspect, load_model))
 
     ppl = sub.add_parser("perplexity", help="perplexity of a text file")
     model_arg(ppl)
@@ -107,4 +108,4 @@ def add_commands(sub, model_arg) -> None:
     ppl.add_argument("--window", type=int, default=None, help="tokens per window (default: the context)")
     ppl.add_argument("--stride", type=int, default=None, help="tokens a window advances (default window/2)")
     ppl.add_argument("--json", action="store_true")
-    ppl.set_defaults(func=_perplexity)
+    ppl.set_defaults(func=functools.partial(_perplexity, load_model))

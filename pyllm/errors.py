@@ -24,3 +24,8 @@ class ContextLengthError(PyllmError, ValueError):
 
 class QueueFullError(PyllmError):
     """A scheduler already holds as many waiting requests as it was told to queue."""
+
+
+class ChatTemplateError(PyllmError):
+    """A chat template failed: bad syntax, a raise_exception() call (its message verbatim), an
+    unsafe operation blocked by the sandbox, or any other error while rendering."""

@@ -1,8 +1,14 @@
-"""What a generation returns and how its text is cut: completions, streams and stop strings."""
+"""One generation's decode step (logits → token or finish) and what it returns: completions,
+streams, stop strings."""
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+import numpy as np
+
+from .sampling import Sampler, SamplingParams, top_logprobs
+from .tokenizer import IncrementalDecoder
 
 
 @dataclass
@@ -79,8 +85,6 @@ class TextAssembler:
     stop string. feed() returns the text that may be shown now; finish() the rest and the result."""
 
     def __init__(self, tokenizer, stop, prompt_tokens: int, want_logprobs: bool):
-        from .tokenizer import IncrementalDecoder
-
         self.decoder = IncrementalDecoder(tokenizer)
         self.stops = StopMatcher(stop)
         self.prompt_tokens = prompt_tokens
@@ -116,6 +120,70 @@ class TextAssembler:
                  "total_tokens": self.prompt_tokens + len(self.tokens)}
         return tail, Completion("".join(self.text), self.tokens, finish_reason, usage,
                                 self.entries if self.want_logprobs else None)
+
+
+@dataclass
+class Piece:
+    """A generated token and the text it lets through now ("" while UTF-8 or a possible stop
+    string holds it back); logprob as Completion.logprobs lists it, when asked for."""
+    text: str
+    token_id: int
+    logprob: dict | None
+
+
+def logprob_entry(tokenizer, logits: np.ndarray, token: int, top: int) -> dict:
+    """The token's log-probability under the model's own distribution (before any sampling
+    transform), with the top alternatives, as the OpenAI API reports them."""
+    best = top_logprobs(logits, top)
+
+    def entry(i: int) -> dict:
+        return {"token": tokenizer.decode([int(i)]), "token_id": int(i), "logprob": float(best.logprobs[i])}
+
+    return {**entry(token), "top_logprobs": [entry(int(i)) for i in best.ids]}
+
+
+class Generation:
+    """One generation between decode steps: a solo stream, a job of the scheduler (generate over a
+    list, the server) alike. step(logits) samples the next token and applies the stop rule; once
+    finish_reason is set, finish() gives the last text and the Completion."""
+
+    def __init__(self, model, ids: list[int], params: SamplingParams, max_tokens: int, stop,
+                 logprobs: int | None):
+        self.tokenizer = model.tokenizer
+        self.eos_ids = model.eos_ids
+        self.n_ctx = model.n_ctx
+        self.ids = ids
+        self.sampler = Sampler(params)
+        self.max_tokens = max_tokens
+        self.logprobs = logprobs
+        self.out = TextAssembler(model.tokenizer, stop, len(ids), logprobs is not None)
+        self.generated: list[int] = []
+        # max_tokens=0 ends before the prompt runs: nothing generated
+        self.finish_reason: str | None = "length" if max_tokens == 0 else None
+
+    def context(self) -> list[int]:
+        """What the cache must hold before the next token: the prompt, and the tokens generated."""
+        return self.ids + self.generated if self.generated else self.ids
+
+    def step(self, logits: np.ndarray) -> Piece | None:
+        """The next token sampled from logits, or None at an end-of-sequence token. Sets
+        finish_reason when the generation ends here: "stop" at end of sequence, "length" (made
+        "stop" by finish() after a stop string) at a stop string, max_tokens, or a full context."""
+        token = self.sampler.sample(logits, self.ids, self.generated)
+        if token in self.eos_ids:
+            self.finish_reason = "stop"
+            return None
+        self.generated.append(token)
+        entry = logprob_entry(self.tokenizer, logits, token, self.logprobs) if self.logprobs is not None else None
+        piece = Piece(self.out.feed(token, entry), token, entry)
+        if (self.out.stopped or len(self.generated) == self.max_tokens
+                or len(self.ids) + len(self.generated) > self.n_ctx):  # no room to run it
+            self.finish_reason = "length"
+        return piece
+
+    def finish(self) -> tuple[str, Completion]:
+        """(the last text piece, the Completion)."""
+        return self.out.finish(self.finish_reason or "length")
 
 
 class Stream:

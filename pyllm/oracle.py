@@ -2,7 +2,7 @@
 model by hooks, in pyllm.trace's shapes. Needs torch and transformers (and gguf for a .gguf file):
 the `verify` extra.
 
-Where each point is read in transformers' modules (Llama-style, Gemma 2/3 sandwich norms, GPT-2):
+Where each point is read in transformers' modules (the norms by the names each family's file gives):
 attention's q/k/v and probabilities from the family's eager attention function as it is called;
 the norms' and MLP's outputs from forward hooks; the residual after attention from the input of
 the MLP's norm; embed from output_hidden_states[0].
@@ -15,6 +15,7 @@ from contextlib import ExitStack, contextmanager
 
 import numpy as np
 
+from .arch import hf_norm_layouts
 from .errors import PyllmError
 from .trace import LAYER_CAPTURES
 
@@ -66,15 +67,13 @@ def _parts(model):
 
 
 def _layer_modules(layer) -> dict:
-    """The submodules of a decoder layer whose outputs (or input) are trace points."""
-    mods = {"attn_norm": _first(layer, "input_layernorm", "ln_1"), "attn": _first(layer, "self_attn", "attn"),
-            "mlp": layer.mlp}
-    if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 2/3: norms around both blocks
-        mods.update(ffn_norm=layer.pre_feedforward_layernorm, attn_post=layer.post_attention_layernorm,
-                    mlp_post=layer.post_feedforward_layernorm)
-    else:
-        mods.update(ffn_norm=_first(layer, "post_attention_layernorm", "ln_2"), attn_post=None, mlp_post=None)
-    return mods
+    """The submodules of a decoder layer whose outputs (or input) are trace points; the norms by the
+    names a family of pyllm/arch/ gives them (HF_NORMS)."""
+    names = next((n for n in hf_norm_layouts() if all(hasattr(layer, a) for a in n.values())), None)
+    if names is None:
+        raise PyllmError(f"cannot find the norms of transformers' {type(layer).__name__}")
+    mods = {"attn": _first(layer, "self_attn", "attn"), "mlp": layer.mlp, "attn_post": None, "mlp_post": None}
+    return {**mods, **{point: getattr(layer, name) for point, name in names.items()}}
 
 
 def _array(t) -> np.ndarray:

@@ -111,7 +111,7 @@ def logit_lens(llm, prompt, layers=None):
 def entropy(llm, text):
     """Two panels over the tokens of text: the surprisal of each token (-log2 p, bits) and the
     entropy of the distribution it was drawn from (bits)."""
-    ids = llm._check_ids(llm._prompt_ids(text), "text")
+    ids = llm.prompt_ids(text, "text")
     if len(ids) < 2:
         raise ValueError("the text needs at least 2 tokens")
     score = llm.score(ids, top=0)

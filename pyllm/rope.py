@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .arch.spec import as_float
+from .checks import as_float
 from .errors import UnsupportedModelError
 
 

@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .checks import is_int
 from .errors import PyllmError
 
 _INVERSE_CDF_BLOCK = 1024  # inverse CDF over long vectors: block sums first, one cumsum of a block
@@ -49,12 +50,8 @@ class SamplingParamsError(PyllmError, ValueError):
     """A sampling setting is out of range or of the wrong type; the message names the setting."""
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
 def _is_real(x) -> bool:
-    return _is_int(x) or isinstance(x, (float, np.floating))
+    return is_int(x) or isinstance(x, (float, np.floating))
 
 
 @dataclass
@@ -104,7 +101,7 @@ class SamplingParams:
         t = self.temperature
         if not _is_real(t) or not math.isfinite(t) or t < 0:
             bad("temperature", "a finite number >= 0 (0 = greedy)")
-        if not _is_int(self.top_k) or self.top_k < 0:
+        if not is_int(self.top_k) or self.top_k < 0:
             bad("top_k", "an int >= 0 (0 = off)")
         for name in ("top_p", "typical_p"):
             v = getattr(self, name)
@@ -123,12 +120,12 @@ class SamplingParams:
             if not isinstance(self.logit_bias, Mapping):
                 bad("logit_bias", "a dict {token id: bias}")
             for k, v in self.logit_bias.items():
-                if not _is_int(k) or k < 0 or (vocab_size is not None and k >= vocab_size):
+                if not is_int(k) or k < 0 or (vocab_size is not None and k >= vocab_size):
                     span = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
                     raise SamplingParamsError(f"logit_bias keys must be token ids (ints {span}), got {k!r}")
                 if not _is_real(v) or not math.isfinite(v):
                     raise SamplingParamsError(f"logit_bias values must be finite numbers, got {v!r} for {k}")
-        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
+        if self.seed is not None and (not is_int(self.seed) or self.seed < 0):
             bad("seed", "an int >= 0 or None")
 
 
@@ -1037,7 +1034,7 @@ def top_logprobs(logits: np.ndarray, n: int) -> TopLogprobs:
     >>> lp.ids.tolist(), round(float(lp.logprobs[2]), 4)
     ([2, 1], -0.4076)
     """
-    if not _is_int(n) or n < 0:
+    if not is_int(n) or n < 0:
         raise ValueError(f"n must be an int >= 0, got {n!r}")
     logits = np.asarray(logits)
     z = _f64(logits)

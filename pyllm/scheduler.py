@@ -26,43 +26,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
-from . import _core
+from .checks import check_run_settings
 from .errors import QueueFullError
-from .generation import Completion, StopMatcher, TextAssembler
-from .sampling import Sampler, SamplingParams
+from .generation import Completion, Generation, Piece, StopMatcher
+from .kvpool import PREFILL_CHUNK, prefill_chunks
+from .sampling import SamplingParams
 
 MAX_STEP_ROWS = 64  # rows of one forward_batch call; more sequences take several calls per step
-
-# Prompts are prefilled in chunks whose edges fall on multiples of this many positions. A token's
-# keys/values depend on the shape of the forward call that computed them (sgemm's blocking changes
-# with the number of tokens; short calls multiply 8-bit activations), so position-aligned chunks
-# make a prompt's cache the same bits however it is reached: alone, prefilled a chunk at a time
-# between other sequences' decode steps, or after a reused prefix — which is reused in whole
-# chunks for the same reason. 128 keeps sgemm's tiles wide (a 512-token prompt prefills at ~90% of
-# the speed of one call) while letting long prompts interleave with other streams.
-PREFILL_CHUNK = 128
-
-
-def prefill_chunks(start: int, end: int) -> list[tuple[int, int]]:
-    """The forward calls that prefill positions [start, end): cut at multiples of PREFILL_CHUNK."""
-    edges = [start] + list(range((start // PREFILL_CHUNK + 1) * PREFILL_CHUNK, end, PREFILL_CHUNK)) + [end]
-    return list(zip(edges[:-1], edges[1:]))
-
-
-def whole_chunks(ids: list[int]) -> list[int]:
-    """The ids of a prefill's whole aligned chunks: the part of its cache another prompt may reuse."""
-    return ids[:len(ids) - len(ids) % PREFILL_CHUNK]
-
-
-@dataclass
-class Piece:
-    """A generated token and the text it lets through now ("" while UTF-8 or a possible stop
-    string holds it back); logprob as Completion.logprobs lists it, when asked for."""
-    text: str
-    token_id: int
-    logprob: dict | None
 
 
 @dataclass
@@ -82,15 +52,9 @@ class Job:
 
     def __init__(self, model, ids: list[int], params: SamplingParams, max_tokens: int, stop,
                  logprobs: int | None, on_event: Callable):
-        self.model = model
-        self.ids = ids
-        self.sampler = Sampler(params)
-        self.max_tokens = max_tokens
-        self.logprobs = logprobs
+        self.gen = Generation(model, ids, params, max_tokens, stop, logprobs)
         self.on_event = on_event
-        self.out = TextAssembler(model.tokenizer, stop, len(ids), logprobs is not None)
-        self.generated: list[int] = []
-        self.cache = None         # the model's _Cache while the job holds a slot
+        self.cache = None         # the pool's Cache while the job holds one
         self.logits = None        # next-token logits once the prompt is in
         self.next_token = -1      # the token this step's batch row runs
         self.cancelled = False
@@ -103,28 +67,18 @@ class Job:
     def prefilling(self) -> bool:
         return self.cache is not None and self.logits is None
 
-    def context(self) -> list[int]:
-        """What the cache must hold before the next token: the prompt, and the tokens generated."""
-        return self.ids + self.generated if self.generated else self.ids
-
     def choose(self) -> int | None:
         """Samples, emits and records the next token; None when the job ends instead of stepping."""
-        model = self.model
-        token = self.sampler.sample(self.logits, self.ids, self.generated)
-        if token in model.eos_ids:
-            self.finish("stop")
+        piece = self.gen.step(self.logits)
+        if piece is not None:
+            self.on_event(piece)
+        if self.gen.finish_reason is not None:
+            self.finish()
             return None
-        self.generated.append(token)
-        entry = model._logprob_entry(self.logits, token, self.logprobs) if self.logprobs is not None else None
-        self.on_event(Piece(self.out.feed(token, entry), token, entry))
-        if (self.out.stopped or len(self.generated) == self.max_tokens
-                or len(self.ids) + len(self.generated) > model.n_ctx):  # no room to run it
-            self.finish("length")
-            return None
-        return token
+        return piece.token_id
 
-    def finish(self, reason: str) -> None:
-        tail, completion = self.out.finish(reason)
+    def finish(self) -> None:
+        tail, completion = self.gen.finish()
         if tail:
             self.on_event(Piece(tail, -1, None))
         self.on_event(Finished(completion))
@@ -135,22 +89,21 @@ class Engine:
 
     def __init__(self, model, max_queue: int | None = None):
         self.model = model
+        self.pool = model.pool
         self.max_queue = max_queue
-        self.slots = model._parallel
+        self.slots = self.pool.size
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []  # holding a cache: prefilling, then decoding
         self._lock = threading.Lock()  # guards waiting against submitting threads
-        self._work = _core.CoreSequence(model._core, model.n_ctx, n_batch=min(self.slots, MAX_STEP_ROWS))
+        self._work = self.pool.batch_sequence(min(self.slots, MAX_STEP_ROWS))
 
     def submit(self, prompt_ids, *, sampling: SamplingParams, max_tokens: int, stop=None,
                logprobs: int | None = None, on_event: Callable) -> Job:
         """Queues a generation of prompt_ids; on_event(event) is called from the thread running
         step(): zero or more Pieces, then one Finished or Failed."""
-        from .model import _check_run_settings
-
         model = self.model
-        ids = model._check_ids(prompt_ids, "prompt")  # ContextLengthError when it does not fit
-        _check_run_settings(max_tokens, logprobs)
+        ids = model.prompt_ids(prompt_ids)  # ContextLengthError when it does not fit
+        check_run_settings(max_tokens, logprobs)
         sampling.validate(model.vocab_size)
         StopMatcher(stop)
         job = Job(model, ids, sampling, max_tokens, stop, logprobs, on_event)
@@ -173,7 +126,7 @@ class Engine:
         return bool(self.running or self.waiting)
 
     def step(self) -> None:
-        with self.model._lock:
+        with self.pool.lock:
             self._drop_cancelled()
             self._admit()
             self._reclaim_taken_caches()
@@ -188,19 +141,18 @@ class Engine:
             self._leave(job)
 
     def _admit(self) -> None:
-        model = self.model
-        while len(self.running) < self.slots and model._has_free_cache():
+        while len(self.running) < self.slots and self.pool.has_free():
             with self._lock:
                 if not self.waiting:
                     return
                 job = self.waiting.popleft()
-            if job.max_tokens == 0:  # as a solo generation: no prefill, nothing generated
+            if job.gen.finish_reason is not None:  # max_tokens=0, as a solo generation: no prefill
                 try:
-                    job.finish("length")
+                    job.finish()
                 except Exception as e:  # noqa: BLE001
                     job.on_event(Failed(e))
                 continue
-            job.cache = model._take_prefix(job.ids, job)
+            job.cache = self.pool.take_prefix(job.gen.ids, job)
             self.running.append(job)
 
     def _reclaim_taken_caches(self) -> None:
@@ -208,8 +160,8 @@ class Engine:
         when the pool is full; a job that lost its cache takes another and prefills its context
         again, as a solo generation does."""
         for job in self.running:
-            if job.cache.owner is not job:
-                job.cache = self.model._take_prefix(job.context(), job)
+            if not self.pool.holds(job.cache, job):
+                job.cache = self.pool.take_prefix(job.gen.context(), job)
                 job.logits = None
 
     def _choose(self, job: Job) -> bool:
@@ -229,44 +181,36 @@ class Engine:
         for start in range(0, len(batch), MAX_STEP_ROWS):
             group = batch[start:start + MAX_STEP_ROWS]
             try:
-                logits = self._work.forward_batch([j.cache.seq for j in group],
-                                                  np.asarray([j.next_token for j in group]))
+                logits = self.pool.step_batch(self._work, [j.cache for j in group], [j.next_token for j in group])
             except Exception as e:  # noqa: BLE001
                 for job in group:
                     self._fail(job, e)
                 continue
             for job, row in zip(group, logits):
                 job.logits = row
-                job.cache.used = self._tick()
 
     def _prefill_chunks(self) -> None:
         budget = PREFILL_CHUNK
         for job in [j for j in self.running if j.prefilling]:
-            seq, context = job.cache.seq, job.context()
-            a, b = prefill_chunks(seq.pos, len(context))[0]
+            context = job.gen.context()
+            a, b = prefill_chunks(job.cache.seq.pos, len(context))[0]
             if b - a > budget and budget < PREFILL_CHUNK:
                 continue  # a later, shorter prompt may still fit this step
             budget -= b - a
             try:
-                logits = seq.forward(context[a:b])
+                logits = self.pool.prefill_to(job.cache, context, b)
             except Exception as e:  # noqa: BLE001
                 self._fail(job, e)
                 continue
-            job.cache.ids = whole_chunks(context[:b])
-            job.cache.used = self._tick()
             if b == len(context):
                 job.logits = logits
             if budget <= 0:
                 return
 
-    def _tick(self) -> int:
-        self.model._clock += 1
-        return self.model._clock
-
     def _leave(self, job: Job) -> None:
         self.running.remove(job)
-        if job.cache is not None and job.cache.owner is job:
-            job.cache.owner = None
+        if job.cache is not None:
+            self.pool.release(job.cache, job)
         job.cache = job.logits = None
 
     def _fail(self, job: Job, error: BaseException) -> None:

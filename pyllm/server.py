@@ -264,7 +264,7 @@ class Server:
         return done
 
     async def embed(self, inputs: list[list[int]]) -> np.ndarray:
-        core = self.model._core
+        core = self.model.core
         return await asyncio.wrap_future(self.scheduler.call(
             lambda: np.stack([embed_ids(core, ids, "mean", True) for ids in inputs])))
 

@@ -17,6 +17,7 @@ import platform
 import warnings
 
 from . import _core
+from .version import __version__
 
 ISAS = tuple(_core.ISA_NAMES.values())  # by number: scalar first
 ISA_ENV = "PYLLM_ISA"
@@ -115,7 +116,7 @@ def _openblas() -> tuple[str, str, str] | None:
     (the one pyllm.blas finds), or None."""
     from . import blas
 
-    for path in blas._candidate_libraries():
+    for path in blas.candidate_libraries():
         try:
             lib = ctypes.CDLL(path)
         except OSError:
@@ -168,8 +169,6 @@ def thread_lines() -> list[str]:
 def version_lines() -> list[str]:
     import numpy
     import scipy
-
-    from . import __version__
 
     return [f"pyllm:           {__version__} ({os.path.dirname(os.path.abspath(__file__))})",
             f"python:          {platform.python_version()} ({platform.python_implementation()}), "

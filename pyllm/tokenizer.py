@@ -16,7 +16,7 @@ import tokenizers
 
 from .errors import FormatError
 from .formats.json_files import read_json_object
-from .tokenizer_gguf import _bytes_to_unicode
+from .tokenizer_gguf import bytes_to_unicode
 
 
 @dataclass
@@ -61,6 +61,17 @@ class Tokenizer:
         tok.n_ids = max(vocab.values(), default=-1) + 1  # listing a vocabulary of 262k tokens takes 0.25 s
         return tok
 
+    @classmethod
+    def from_vocabulary(cls, hf: tokenizers.Tokenizer, n_ids: int, bos_id: int | None, eos_id: int | None,
+                        chat_template: str | None) -> "Tokenizer":
+        """A tokenizer built from a vocabulary read elsewhere (a GGUF file's), whose reader knows
+        n_ids: the special tokens' texts are their ids' tokens."""
+        tok = cls(hf=hf, bos_id=bos_id, eos_id=eos_id, chat_template=chat_template,
+                  bos_token=hf.id_to_token(bos_id) if bos_id is not None else None,
+                  eos_token=hf.id_to_token(eos_id) if eos_id is not None else None)
+        tok.n_ids = n_ids
+        return tok
+
     @property
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size(with_added_tokens=True)
@@ -68,7 +79,7 @@ class Tokenizer:
     @cached_property
     def n_ids(self) -> int:
         """One past the largest id encode() can produce: the embedding rows a model needs for it.
-        A loader that knows it sets it (tok.n_ids = n) rather than have the vocabulary listed."""
+        A loader that knows it passes it (from_vocabulary) rather than have the vocabulary listed."""
         return max(self.hf.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
@@ -124,7 +135,7 @@ _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 @lru_cache(maxsize=1)
 def _gpt2_bytes() -> dict[str, int]:
     """GPT-2's printable character -> byte table, the inverse of what byte-level vocabularies spell."""
-    return {c: b for b, c in _bytes_to_unicode().items()}
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 def incomplete_utf8_tail(data: bytes) -> int:

@@ -37,6 +37,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import BPE
 
 from ._strings import vocab_splits
+from .arch import gguf_vocabulary
+from .arch.common import SentencePieceRules
 from .errors import FormatError, UnsupportedModelError
 
 METADATA = "<gguf metadata>"
@@ -133,10 +135,6 @@ PRE_TOKENIZERS: Dict[str, PreTokenizer] = {
     **dict.fromkeys(("gpt-4o", "llama4"), _GPT4O),
 }
 
-# Architectures whose "llama" vocabulary transformers builds its own way (see _sentencepiece).
-_GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")
-
-
 def tokenizer_from_gguf(metadata: Mapping[str, object], source: str = METADATA) -> GGUFTokenizerInfo:
     """Build the tokenizer a GGUF file's metadata describes.
 
@@ -206,13 +204,10 @@ def tokenizer_from_gguf(metadata: Mapping[str, object], source: str = METADATA) 
             )
         if scores is not None and any(map(math.isnan, scores)):
             raise FormatError(source, "tokenizer.ggml.scores holds NaN")
-        architecture = meta.string("general.architecture") or ""
+        rules = gguf_vocabulary(meta.string("general.architecture") or "")
         add_space_prefix = meta.flag("tokenizer.ggml.add_space_prefix", True)
-        tokenizer, vocab_tokens = _sentencepiece(
-            tokens, scores, merges, architecture, add_space_prefix, source
-        )
-        if architecture in _GEMMA_ARCHS and "<mask>" in vocab_tokens:  # GemmaTokenizer's mask token
-            special.append("<mask>")
+        tokenizer, vocab_tokens = _sentencepiece(tokens, scores, merges, rules, add_space_prefix, source)
+        special += [t for t in rules.extra_special if t in vocab_tokens]
         add_bos_default = True
 
     _add_special_tokens(tokenizer, model, tokens, token_types, special, vocab_tokens)
@@ -249,7 +244,7 @@ def _byte_level(
     tokens: List[str], merges: List[Tuple[str, str]], pre: PreTokenizer, source: str
 ) -> Tuple[Tokenizer, Dict[str, int]]:
     """Byte-level BPE: every token is spelled in GPT-2's byte alphabet (Ġ for a space)."""
-    spelling = _bytes_to_unicode()
+    spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
     # A token written in plain text (a llama.cpp mislabel) is respelled byte by byte, as transformers does.
     vocab = {
@@ -292,23 +287,19 @@ def _sentencepiece(
     tokens: List[str],
     scores: Optional[List[float]],
     merges: Optional[List[Tuple[str, str]]],
-    architecture: str,
+    rules: SentencePieceRules,
     add_space_prefix: bool,
     source: str,
 ) -> Tuple[Tokenizer, Dict[str, int]]:
-    """SentencePiece-style BPE over ▁-spelled text, with <0xXX> byte fallback.
-
-    Gemma files differ in two ways transformers corrects for: a token of spaces is stored with real
-    spaces ("  ") where the text side uses "▁▁", and the scores do not follow the merge order -- the
-    order of the tokens in the file does. Gemma never gets a dummy prefix.
-    """
-    gemma = architecture in _GEMMA_ARCHS
-    if gemma:
+    """SentencePiece-style BPE over ▁-spelled text, with <0xXX> byte fallback, built as rules (the
+    family's, from pyllm/arch/) say where transformers builds a family's vocabulary its own way."""
+    if rules.spaces_as_pieces:
         tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {token: i for i, token in enumerate(tokens)}
-    unk = "<unk>" if gemma and "<unk>" in vocab else None
+    unk = rules.unk_token if rules.unk_token in vocab else None
     if merges is None:
-        by_id = -np.arange(len(tokens), dtype=np.float64) if gemma else np.asarray(scores, dtype=np.float64)
+        order = -np.arange(len(tokens)) if rules.merges_by_id else scores
+        by_id = np.asarray(order, dtype=np.float64)
         merges = _merges_from_vocab(vocab, by_id)
     else:
         _check_merges(merges, vocab, source)
@@ -317,12 +308,11 @@ def _sentencepiece(
     )
     fused = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     strip = [decoders.Strip(" ", 1, 0)] if add_space_prefix else []  # the dummy prefix's space
-    if gemma:
+    if rules.spaces_as_pieces:
         tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
         tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous", invert=False)
         tokenizer.decoder = decoders.Sequence(fused)
-    elif architecture == "phi3":
-        # Phi-3's tokenizer.json prefixes with a normalizer: after every special token too.
+    elif rules.prefix_by_normalizer:
         prefix = [normalizers.Prepend("\u2581")] if add_space_prefix else []
         tokenizer.normalizer = normalizers.Sequence(prefix + [normalizers.Replace(" ", "\u2581")])
         tokenizer.decoder = decoders.Sequence(fused + strip)
@@ -388,7 +378,7 @@ def _add_special_tokens(
     types = token_types or ()
     if model == "gpt2":
         # A control token spelled outside the byte alphabet is a llama.cpp mislabel (transformers skips it).
-        alphabet = set(_bytes_to_unicode().values())
+        alphabet = set(bytes_to_unicode().values())
         control = [t for t, kind in zip(tokens, types) if kind == TOKEN_CONTROL and set(t) <= alphabet]
     else:
         control = [t for t, kind in zip(tokens, types) if kind == TOKEN_CONTROL]
@@ -438,7 +428,7 @@ def _template(bos: Optional[str], bos_id: Optional[int], eos: Optional[str], eos
 
 
 @lru_cache(maxsize=1)
-def _bytes_to_unicode() -> Dict[int, str]:
+def bytes_to_unicode() -> Dict[int, str]:
     """GPT-2's byte → printable character table (a space is "Ġ", a newline "Ċ")."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
     printable += list(range(ord("®"), ord("ÿ") + 1))

@@ -99,7 +99,7 @@ def compare(component: str, layer: int | None, ours: np.ndarray, ref: np.ndarray
 def activations_used(llm) -> str:
     """Whether pyllm's matmuls multiply float32 or 8-bit activations: with any quantized matrix,
     8-bit ones at every prompt length, so that prefill computes what decode does."""
-    return "int8" if int8_activations(llm._core) else "float32"
+    return "int8" if int8_activations(llm.core) else "float32"
 
 
 def ladder(llm, reference_model, ids: list[int], layers: list[int], tolerance: float | None = None,
@@ -111,7 +111,7 @@ def ladder(llm, reference_model, ids: list[int], layers: list[int], tolerance: f
     activations = activations_used(llm)
     if tolerance is None:
         tolerance = FLOAT_TOLERANCE if activations == "float32" else INT8_TOLERANCE
-    _, ours = run_trace(llm._core, llm.spec, ids, layers, CAPTURES)
+    _, ours = run_trace(llm.core, llm.spec, ids, layers, CAPTURES)
     ref = reference_trace(reference_model, ids, layers, CAPTURES)
     out = Ladder(llm.source, reference_name, len(ids), tolerance, activations)
     out.rungs.append(compare("embed", None, ours["embed"], ref["embed"], tolerance))
@@ -130,12 +130,12 @@ def verify(source, prompt: str | list[int] = DEFAULT_PROMPT, *, layers=None, tol
 
     >>> print(pyllm.verify.verify("path/to/model").to_text())  # doctest: +SKIP
     """
-    from .model import load
+    from .loader import load
     from .oracle import load_reference
     from .trace import check_layers
 
     llm = load(source, threads=threads, **load_options)
-    ids = llm._check_ids(llm._prompt_ids(prompt), "prompt")
+    ids = llm.prompt_ids(prompt)
     layers = check_layers(layers, llm.spec.n_layers)
     reference = load_reference(llm.source)
     return ladder(llm, reference, ids, layers, tolerance, reference_name=llm.source)

@@ -92,7 +92,7 @@ def test_more_streams_than_caches_take_turns_and_still_get_their_own_tokens(tmp_
     streams = [small.stream(p, max_tokens=12) for p in PROMPTS]
     _interleave(streams)
     assert [s.completion.token_ids for s in streams] == expected
-    assert len(small._caches) == 2
+    assert len(small.pool.caches) == 2
     with pytest.raises(ValueError, match="parallel"):
         pyllm.load(make_tiny_checkpoint(str(tmp_path)), parallel=0)
 

@@ -123,7 +123,7 @@ def test_folder_without_config_is_refused(tmp_path):
 # The smollm2 alias and cached files
 
 def test_smollm2_alias_pins_the_sha256_of_its_file(smollm2_gguf):
-    assert hub.SMOLLM2.sha256 == hub._file_sha256(smollm2_gguf)
+    assert hub.ALIASES["smollm2"].sha256 == hub._file_sha256(smollm2_gguf)
 
 
 def test_a_cached_file_whose_hash_is_wrong_is_refused(fake_index):
@@ -460,6 +460,6 @@ def test_a_partial_file_under_the_models_name_is_refused_by_its_sha256_until_rem
 
 def test_the_error_for_a_corrupt_aliased_file_names_pyllm_rm(tmp_path, monkeypatch):
     monkeypatch.setenv("PYLLM_CACHE", str(tmp_path))
-    (tmp_path / hub.SMOLLM2.filename).write_bytes(b"not the model")
+    (tmp_path / hub.ALIASES["smollm2"].filename).write_bytes(b"not the model")
     with pytest.raises(PyllmError, match="`pyllm rm smollm2` to fetch it again"):
-        hub.fetch(hub.SMOLLM2, quiet=True)
+        hub.fetch(hub.ALIASES["smollm2"], quiet=True)

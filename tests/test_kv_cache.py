@@ -198,7 +198,7 @@ def test_the_f16_cache_is_half_the_bytes(family_checkpoint):
 
 def test_every_cache_of_a_model_takes_its_kv_dtype(family_checkpoint):
     llm = pyllm.load(family_checkpoint("llama"), threads=2, kv_dtype="f16", parallel=2)
-    assert [c.seq.kv_dtype for c in llm._caches] == ["f16"]
+    assert [c.seq.kv_dtype for c in llm.pool.caches] == ["f16"]
     assert _core.CoreSequence(llm._core, 8).kv_dtype == "f16"
     from pyllm.scheduler import Engine
     assert Engine(llm)._work.kv_dtype == "f16"

@@ -101,7 +101,7 @@ def test_jobs_joining_and_leaving_get_their_solo_tokens_on_the_real_model(real):
     jobs.append((late_ids, dict(max_tokens=8)))
     run_engine(engine, clock)
     assert engine.active == 0 and engine.queued == 0
-    assert all(c.owner is None for c in llm._caches)
+    assert all(c.owner is None for c in llm.pool.caches)
     for (ids, settings), rec in zip(jobs, records):
         assert_alone(llm, ids, rec, **settings)
     # the short prompts decoded while the long one was still prefilling its chunks
@@ -188,7 +188,7 @@ def test_a_cancelled_job_frees_its_slot_at_the_next_step_and_sends_nothing_more(
     assert engine.active == 2 and engine.queued == 0  # the waiting job took the freed slot
     run_engine(engine, clock)
     assert len(cancelled.pieces) == seen and cancelled.end is None
-    assert engine.active == 0 and all(c.owner is None for c in llm._caches)
+    assert engine.active == 0 and all(c.owner is None for c in llm.pool.caches)
     assert_alone(llm, [9, 10], other, max_tokens=8)
     assert_alone(llm, [11, 12, 13], waiting, max_tokens=5)
 
@@ -277,7 +277,7 @@ def test_a_job_whose_cache_a_stream_takes_prefills_its_context_again(family_chec
     before = llm.tokens_processed
     stream = llm.stream([12, 13, 14], max_tokens=10)
     next(stream)
-    assert sum(c.owner is not None for c in llm._caches) == 2 and len(llm._caches) == 2
+    assert sum(c.owner is not None for c in llm.pool.caches) == 2 and len(llm.pool.caches) == 2
     run_engine(engine, clock)
     for _ in stream:
         pass

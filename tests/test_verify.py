@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-import pyllm.model
+import pyllm.loader
 from families import convert_to_gguf, make_family_checkpoint
 from pyllm import cli, verify
 from pyllm.errors import PyllmError
@@ -19,13 +19,13 @@ PROMPT = "The capital of France is Paris, and the capital of Germany is Berlin."
 def _break(monkeypatch, change):
     """Makes pyllm (not transformers) load a broken model: change(spec, bound) edits what
     build_core receives."""
-    original = pyllm.model.build_core
+    original = pyllm.loader.build_core
 
     def broken(spec, bound, *args, **kwargs):
         bound = dict(bound)
         change(spec, bound)
         return original(spec, bound, *args, **kwargs)
-    monkeypatch.setattr(pyllm.model, "build_core", broken)
+    monkeypatch.setattr(pyllm.loader, "build_core", broken)
 
 
 def _run(capsys, *argv) -> tuple[int, str]:

@@ -3,6 +3,9 @@
 A family module (one per file here) gives ARCHITECTURES / GGUF_ARCHITECTURES (the names it answers
 to), spec_from_config(config) and spec_from_gguf(meta, tensors, arch) -> ModelSpec, and
 hf_tensors / gguf_tensors(spec, tensors, source) -> engine slot -> tensor; binding.py does the rest.
+Its quirks outside the network are data here too, where it has them: GGUF_VOCABULARY (how its GGUF
+vocabulary is built, read by tokenizer_gguf.py), HF_NORMS (its norms' names in transformers, read by
+the oracle) and ALIASES (short names pyllm.load takes, fetched by hub.py).
 """
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import pkgutil
 from types import ModuleType
 
 from ..errors import UnsupportedModelError
+from ..packages import ModelPackage
+from .common import HF_NORMS, LLAMA_VOCABULARY, SentencePieceRules
 from .spec import ModelSpec
 
 _NOT_FAMILIES = {"common", "spec"}
@@ -23,9 +28,11 @@ def _families() -> list[ModuleType]:
 
 FAMILIES: dict[str, ModuleType] = {}
 GGUF_FAMILIES: dict[str, ModuleType] = {}
+ALIASES: dict[str, ModelPackage] = {}  # pyllm.load's short names for model files in PyPI wheels
 for _module in _families():
     FAMILIES.update({name: _module for name in _module.ARCHITECTURES})
     GGUF_FAMILIES.update({name: _module for name in _module.GGUF_ARCHITECTURES})
+    ALIASES.update(getattr(_module, "ALIASES", {}))
 
 
 def family_for(config: dict) -> ModuleType:
@@ -54,4 +61,18 @@ def family_for_gguf(metadata: dict) -> ModuleType:
     )
 
 
-__all__ = ["FAMILIES", "GGUF_FAMILIES", "ModelSpec", "family_for", "family_for_gguf"]
+def hf_norm_layouts() -> list[dict[str, str]]:
+    """Every family's names of a transformers decoder layer's norms (its HF_NORMS), the layouts with
+    the most norms first: a layer is read by the first layout whose every name it has."""
+    layouts = {tuple(sorted(getattr(m, "HF_NORMS", HF_NORMS).items())) for m in FAMILIES.values()}
+    return [dict(names) for names in sorted(layouts, key=lambda names: (-len(names), names))]
+
+
+def gguf_vocabulary(architecture: str) -> SentencePieceRules:
+    """How a GGUF file of this general.architecture builds its SentencePiece vocabulary (Llama's way
+    for a family that says nothing, or an architecture pyllm does not run)."""
+    family = GGUF_FAMILIES.get(architecture)
+    return getattr(family, "GGUF_VOCABULARY", LLAMA_VOCABULARY)
+
+
+__all__ = ["ALIASES", "FAMILIES", "GGUF_FAMILIES", "ModelSpec", "family_for", "family_for_gguf", "gguf_vocabulary", "hf_norm_layouts"]

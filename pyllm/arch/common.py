@@ -14,16 +14,39 @@ from collections.abc import Mapping
 import numpy as np
 
 from .. import rope
+from ..checks import as_float, as_int
 from ..dtypes import WeightType, row_nbytes
 from ..errors import FormatError, UnsupportedModelError
 from ..formats.mapped import ArrayTensor, TensorInfo
-from .spec import MAX_LAYERS, MAX_VOCAB, ModelSpec, Rope, as_float, as_int
+from ..tensors import to_float32
+from .spec import MAX_LAYERS, MAX_VOCAB, ModelSpec, Rope
 
 Tensor = "TensorInfo | ArrayTensor"
 
 
 # The C core holds windows and positions in 32-bit ints.
 MAX_WINDOW = (1 << 31) - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SentencePieceRules:
+    """How transformers builds a family's SentencePiece ("llama") vocabulary from a GGUF file where it
+    differs from Llama's; a family's GGUF_VOCABULARY sets them, pyllm/tokenizer_gguf.py reads them."""
+    # text keeps its spaces as ▁ (a normalizer) and is split after each run of them, never given
+    # a dummy prefix; a token of spaces stored with real spaces ("  ") is respelled "▁▁"
+    spaces_as_pieces: bool = False
+    merges_by_id: bool = False  # the merge order follows the tokens' order in the file, not their scores
+    prefix_by_normalizer: bool = False  # the dummy prefix comes from a normalizer: after every special token too
+    unk_token: str | None = None  # the BPE model's unknown token, when the vocabulary holds it
+    extra_special: tuple[str, ...] = ()  # special tokens beyond bos/eos/unk/pad, when the vocabulary holds them
+
+
+LLAMA_VOCABULARY = SentencePieceRules()
+
+# transformers' names of a decoder layer's norms, where the oracle (pyllm/oracle.py) reads the trace
+# points around them: attn_norm and ffn_norm before the blocks, attn_post and mlp_post after them
+# where a family has those. A family whose names differ gives its own HF_NORMS.
+HF_NORMS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 
 
 def eos_ids(value, key: str = "eos_token_id") -> list[int]:
@@ -256,7 +279,6 @@ def transposed(t: Tensor, source: str) -> ArrayTensor:
 
 def plus_one(t: Tensor) -> ArrayTensor:
     """Gemma's RMSNorm multiplies by (1 + w): folded in at load, in float32 as transformers does."""
-    from ..binding import to_float32
     return ArrayTensor(f"1+{t.name}", WeightType.F32, to_float32(t) + np.float32(1.0))
 
 

@@ -21,6 +21,10 @@ from .spec import ModelSpec
 ARCHITECTURES = ("GemmaForCausalLM",)
 GGUF_ARCHITECTURES = ("gemma",)
 
+# GemmaTokenizer, as transformers builds it from a GGUF file's vocabulary (Gemma 2 and 3 share it)
+GGUF_VOCABULARY = common.SentencePieceRules(spaces_as_pieces=True, merges_by_id=True, unk_token="<unk>",
+                                            extra_special=("<mask>",))
+
 # GemmaConfig's defaults (transformers 5.23) for the keys pyllm reads.
 DEFAULTS = dict(vocab_size=256000, hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
                 num_attention_heads=16, num_key_value_heads=16, head_dim=256, hidden_act="gelu_pytorch_tanh",

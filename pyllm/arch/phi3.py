@@ -20,12 +20,16 @@ import math
 import numpy as np
 
 from .. import rope
+from ..checks import as_float, as_int
 from ..errors import UnsupportedModelError
+from ..tensors import to_float32
 from . import common
-from .spec import MAX_LAYERS, ModelSpec, Rope, as_float, as_int
+from .spec import MAX_LAYERS, ModelSpec, Rope
 
 ARCHITECTURES = ("Phi3ForCausalLM",)
 GGUF_ARCHITECTURES = ("phi3",)
+# Phi-3's tokenizer.json prefixes with a normalizer: after every special token too
+GGUF_VOCABULARY = common.SentencePieceRules(prefix_by_normalizer=True)
 
 # Phi3Config's defaults for max_position_embeddings and original_max_position_embeddings
 DEFAULT_CONTEXT = 4096
@@ -48,8 +52,6 @@ def _factors(value, n: int, key: str) -> np.ndarray:
 
 def _factor_tensor(t, n: int) -> np.ndarray:
     """A GGUF rope_factors_* tensor: a vector of n finite positive factors, or ValueError naming it."""
-    from ..binding import to_float32
-
     if len(t.shape) != 1:
         raise ValueError(f"{t.name} must list {n} factors (one per rotary pair), got shape {tuple(t.shape)}")
     return _factors(list(to_float32(t)), n, t.name)

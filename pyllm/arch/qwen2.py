@@ -8,9 +8,10 @@ transformers' Qwen2Config computes them. llama.cpp's converter writes no window 
 """
 from __future__ import annotations
 
+from ..checks import as_int
 from . import common
 from .llama import GGUF_LAYER, GGUF_MODEL, GGUF_O_BIAS, GGUF_QKV_BIAS, HF_LAYER, HF_MODEL, HF_O_BIAS, HF_QKV_BIAS, names
-from .spec import MAX_LAYERS, ModelSpec, as_int
+from .spec import MAX_LAYERS, ModelSpec
 
 ARCHITECTURES = ("Qwen2ForCausalLM",)
 GGUF_ARCHITECTURES = ("qwen2",)

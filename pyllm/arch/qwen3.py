@@ -7,10 +7,11 @@ windows as in Qwen2 (use_sliding_window, layer_types / max_window_layers).
 """
 from __future__ import annotations
 
+from ..checks import as_int
 from . import common
 from .llama import GGUF_LAYER, GGUF_MODEL, GGUF_O_BIAS, GGUF_QKV_BIAS, HF_LAYER, HF_MODEL, HF_O_BIAS, HF_QKV_BIAS, names
 from .qwen2 import context_length, layer_windows
-from .spec import MAX_LAYERS, ModelSpec, as_int
+from .spec import MAX_LAYERS, ModelSpec
 
 ARCHITECTURES = ("Qwen3ForCausalLM",)
 GGUF_ARCHITECTURES = ("qwen3",)

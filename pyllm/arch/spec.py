@@ -8,42 +8,8 @@ import numpy as np
 
 from .._core import ACTIVATIONS, NORM_KINDS
 
-# Far above any real model, low enough that nothing sized from these values can exhaust memory
-# before the tensor shapes (which a file must really hold) are checked against them.
-MAX_SIZE = 1 << 20
 MAX_LAYERS = 4096
 MAX_VOCAB = 1 << 24
-
-
-def _shown(value) -> str:
-    """value for an error message, cut short: JSON ints may have thousands of digits."""
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:40]}...({len(text)} characters)"
-
-
-def as_int(value, name: str, low: int = 1, high: int = MAX_SIZE) -> int:
-    """A hyper-parameter that must be a whole number in [low, high] (JSON may spell it 64.0)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a whole number, got {_shown(value)}")
-    # an int is compared as it is: math.isfinite would convert it to a float, and JSON ints of more
-    # than 308 digits do not fit one (OverflowError)
-    whole = isinstance(value, (int, np.integer)) or (math.isfinite(value) and value == int(value))
-    if not whole or not low <= int(value) <= high:
-        raise ValueError(f"{name} must be a whole number in [{low}, {high}], got {_shown(value)}")
-    return int(value)
-
-
-def as_float(value, name: str, positive: bool = True) -> float:
-    """A real hyper-parameter: finite, and > 0 unless positive=False."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a number, got {_shown(value)}")
-    try:
-        number = float(value)
-    except OverflowError:  # a JSON int of more than 308 digits
-        number = math.inf
-    if not math.isfinite(number) or (positive and number <= 0):
-        raise ValueError(f"{name} must be a finite{' positive' if positive else ''} number, got {_shown(value)}")
-    return number
 
 
 @dataclass

@@ -20,6 +20,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from ..checks import is_int
 from ..dtypes import SAFETENSORS_DTYPES, WeightType, tensor_nbytes
 from ..errors import FormatError
 from .mapped import MappedFile, TensorInfo
@@ -47,11 +48,6 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"duplicate key {key!r}")
         out[key] = value
     return out
-
-
-def _is_int(x: object) -> bool:
-    # bool is a subclass of int in Python, but `true` is not a dimension or an offset.
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 class SafetensorsFile:
@@ -159,12 +155,12 @@ class SafetensorsFile:
                     f"(pyllm reads {', '.join(SAFETENSORS_DTYPES)})"
                 )
             raise self._fail(f"tensor {name!r}: unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(is_int(d) and d >= 0 for d in shape):
             raise self._fail(f"tensor {name!r}: shape {shape!r} is not a list of non-negative ints")
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
-            or not all(_is_int(o) for o in offsets)
+            or not all(is_int(o) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1]
         ):
             raise self._fail(
