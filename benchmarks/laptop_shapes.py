@@ -255,8 +255,10 @@ def make(name: str, quant: str, cache: str, threads: int) -> str:
         print(f"wrote {f16} ({os.path.getsize(f16) / 2**30:.2f} GiB) in {time.perf_counter() - t:.0f} s", flush=True)
     tools = llama_tools(cache)
     t = time.perf_counter()
-    subprocess.run([tools["llama-quantize"], f16, out + ".part", quant.upper(), str(threads)], check=True,
-                   stdout=subprocess.DEVNULL)
+    done = subprocess.run([tools["llama-quantize"], f16, out + ".part", quant.upper(), str(threads)],
+                          capture_output=True, text=True)  # it logs every tensor; shown only on failure
+    if done.returncode:
+        raise SystemExit(f"llama-quantize {f16} {quant.upper()} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     os.replace(out + ".part", out)
     print(f"wrote {out} ({os.path.getsize(out) / 2**30:.2f} GiB) in {time.perf_counter() - t:.0f} s", flush=True)
     return out
@@ -281,7 +283,9 @@ def check(path: str, threads: int) -> None:
         return
     ref = llama_cpp.Llama(model_path=path, n_threads=threads, n_ctx=256, verbose=False)
     ref.eval(ids)
-    theirs = np.asarray(ref.scores[ref.n_tokens - 1], dtype=np.float32)
+    # eval copies no logits into ref.scores without logits_all: read the last row from the context
+    row = llama_cpp.llama_get_logits_ith(ref._ctx.ctx, -1)
+    theirs = np.ctypeslib.as_array(row, shape=(ref.n_vocab(),)).astype(np.float32)
     print(f"llama.cpp: logits {theirs.shape}, finite {bool(np.isfinite(theirs).all())}, std {theirs.std():.3f}, "
           f"argmax {int(theirs.argmax())}; max |difference| {np.abs(ours - theirs).max():.3f}")
 
