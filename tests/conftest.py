@@ -73,17 +73,41 @@ def hf_float32(folder: str):
     return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-@pytest.fixture(scope="module")
-def family_checkpoint(tmp_path_factory):
-    """family -> the folder of its tiny checkpoint (families.py), built once per test module."""
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """(family, **overrides) -> the folder of that tiny checkpoint (families.py), built once per session:
+    every module that runs the same checkpoint shares it (building one imports and runs transformers)."""
     from families import make_family_checkpoint
 
     built = {}
 
-    def get(family: str) -> str:
-        if family not in built:
-            built[family] = make_family_checkpoint(str(tmp_path_factory.mktemp(family)), family)
-        return built[family]
+    def get(family: str, **overrides) -> str:
+        key = (family, json.dumps(overrides, sort_keys=True))
+        if key not in built:
+            built[key] = make_family_checkpoint(str(tmp_path_factory.mktemp(family)), family, **overrides)
+        return built[key]
+    return get
+
+
+@pytest.fixture(scope="session")
+def family_checkpoint(checkpoint):
+    """family -> the folder of its tiny checkpoint with the table's own settings."""
+    return checkpoint
+
+
+@pytest.fixture(scope="session")
+def converted_gguf(tmp_path_factory):
+    """(folder, outtype) -> llama.cpp's conversion of a checkpoint folder, made once per session (the
+    converter takes seconds). The file lies outside the folder, which tests copy and load as a folder."""
+    from families import convert_to_gguf
+
+    done = {}
+
+    def get(folder: str, outtype: str) -> str:
+        if (folder, outtype) not in done:
+            target = tmp_path_factory.mktemp("gguf") / f"{os.path.basename(folder)}-{outtype}.gguf"
+            done[folder, outtype] = convert_to_gguf(folder, str(target), outtype)
+        return done[folder, outtype]
     return get
 
 
@@ -138,6 +162,17 @@ def perplexity(logits: np.ndarray, ids: list[int]) -> float:
     z -= z.max(-1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
     return float(np.exp(-logp[np.arange(len(ids) - 1), ids[1:]].mean()))
+
+
+# A test that takes one of these is slow: a real model (read, run, or dequantized through transformers) or
+# llama.cpp's converter (seconds a file). `pytest -m "not slow"` leaves them out.
+SLOW_FIXTURES = {"smollm2_gguf", "gemma3_gguf", "smollm2_folder", "smollm2_hf_from_gguf", "converted_gguf"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SLOW_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
