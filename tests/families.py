@@ -401,8 +401,8 @@ def _phi3_longrope_partial_window() -> dict:
 # (family, transformers config overrides) that exercises one of the family's differences.
 CASES: dict[str, Case] = {
     "llama_gqa_untied": Case("llama", {}, gguf=True, tol=1e-3),
-    "llama_tied_embeddings": Case("llama", {"tie_word_embeddings": True}, gguf=True, tol=1e-3),
-    "llama_multi_head_attention": Case("llama", {"num_key_value_heads": 4}, gguf=True, tol=1e-3),
+    "llama_tied_embeddings": Case("llama", {"tie_word_embeddings": True}, tol=1e-3),
+    "llama_multi_head_attention": Case("llama", {"num_key_value_heads": 4}, tol=1e-3),
     "llama3_rope_scaling": Case("llama", {"rope_parameters": {
         "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}, tol=1e-3),
