@@ -73,17 +73,41 @@ def hf_float32(folder: str):
     return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-@pytest.fixture(scope="module")
-def family_checkpoint(tmp_path_factory):
-    """family -> the folder of its tiny checkpoint (families.py), built once per test module."""
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """(family, **overrides) -> the folder of that tiny checkpoint (families.py), built once per session:
+    every module that runs the same checkpoint shares it (building one imports and runs transformers)."""
     from families import make_family_checkpoint
 
     built = {}
 
-    def get(family: str) -> str:
-        if family not in built:
-            built[family] = make_family_checkpoint(str(tmp_path_factory.mktemp(family)), family)
-        return built[family]
+    def get(family: str, **overrides) -> str:
+        key = (family, json.dumps(overrides, sort_keys=True))
+        if key not in built:
+            built[key] = make_family_checkpoint(str(tmp_path_factory.mktemp(family)), family, **overrides)
+        return built[key]
+    return get
+
+
+@pytest.fixture(scope="session")
+def family_checkpoint(checkpoint):
+    """family -> the folder of its tiny checkpoint with the table's own settings."""
+    return checkpoint
+
+
+@pytest.fixture(scope="session")
+def converted_gguf(tmp_path_factory):
+    """(folder, outtype) -> llama.cpp's conversion of a checkpoint folder, made once per session (the
+    converter takes seconds). The file lies outside the folder, which tests copy and load as a folder."""
+    from families import convert_to_gguf
+
+    done = {}
+
+    def get(folder: str, outtype: str) -> str:
+        if (folder, outtype) not in done:
+            target = tmp_path_factory.mktemp("gguf") / f"{os.path.basename(folder)}-{outtype}.gguf"
+            done[folder, outtype] = convert_to_gguf(folder, str(target), outtype)
+        return done[folder, outtype]
     return get
 
 
@@ -138,6 +162,45 @@ def perplexity(logits: np.ndarray, ids: list[int]) -> float:
     z -= z.max(-1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
     return float(np.exp(-logp[np.arange(len(ids) - 1), ids[1:]].mean()))
+
+
+# A test that takes one of these is slow: a real model (read, run, or dequantized through transformers) or
+# llama.cpp's converter (seconds a file). `pytest -m "not slow"` leaves them out.
+SLOW_FIXTURES = {"smollm2_gguf", "gemma3_gguf", "smollm2_folder", "smollm2_hf_from_gguf", "converted_gguf"}
+
+
+# Modules whose every test runs transformers as the oracle (or a local hub in subprocesses), and single
+# tests that took over ~5 s here (2 cores): the rest is the inner loop, a few minutes.
+SLOW_MODULES = {"test_embed.py", "test_gemma.py", "test_gpt2.py", "test_hf.py", "test_info.py", "test_plots.py",
+                "test_qwen_phi3.py"}
+SLOW_TESTS = {
+    "test_batch.py": {"test_quantized_weights_too", "test_a_batched_step_is_each_sequence_s_own_step",
+                      "test_generate_a_list_of_ids_and_an_end_of_sequence"},
+    "test_cli.py": {"test_rm_removes_a_repository_from_the_hf_cache", "test_run_with_sampling_flags_and_stop",
+                    "test_chat_with_a_template_file_answers_through_it"},
+    "test_config_errors.py": {"test_mutated_json_files_load_and_run_or_raise_pyllm_errors"},
+    "test_gguf_format.py": {"test_fuzzed_synthetic_headers_parse_or_raise_format_error_in_bounded_memory",
+                            "test_vocabulary_of_262k_strings_parses"},
+    "test_gguf_model_errors.py": {"test_fuzzed_gguf_metadata_loads_and_runs_or_raises_pyllm_errors"},
+    "test_hub.py": {"test_ctrl_c_on_a_terminal_stops_the_fetch_and_leaves_no_partial_file",
+                    "test_two_processes_fetching_at_once_share_one_download"},
+    "test_prefill_decode.py": {"test_a_q8_0_file_s_packed_matrices_give_the_same_bits"},
+    "test_sampling.py": {"test_fast_path_takes_float16_logits_and_edits_that_land_on_other_logits",
+                         "test_truncated_sampling_matches_the_kept_distribution_and_never_leaves_it"},
+    "test_server.py": {"test_server_memory_stays_flat_over_2000_requests",
+                       "test_200_requests_16_at_a_time_each_get_what_they_would_alone",
+                       "test_clients_killed_at_random_during_a_load_run_leave_no_stuck_slot"},
+    "test_tokenizer_gguf.py": {"test_pyllm_gguf_reader_metadata_builds_the_same_tokenizer"},
+    "test_verify.py": {"test_int8_activations_get_their_own_tolerance"},
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        module = item.path.name
+        if (SLOW_FIXTURES & set(item.fixturenames) or module in SLOW_MODULES
+                or item.originalname in SLOW_TESTS.get(module, ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

@@ -375,3 +375,75 @@ def make_family_checkpoint(folder: str, family: str, seed: int = 0, **overrides)
                     p.normal_(0.0, 0.15)
     model.to(torch.bfloat16).save_pretrained(folder)
     return folder
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The contract's cases
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    overrides: dict = field(default_factory=dict)
+    gguf: bool = False      # llama.cpp's converter writes a file of the same function (GGUF_EXACT_OVERRIDES)
+    tol: float = 1e-4       # the largest logit difference from transformers
+
+
+def _phi3_longrope_partial_window() -> dict:
+    """LongRoPE on 12 of the 20 dims of each head (6 factor pairs) and an 8-token window."""
+    overrides = phi3_longrope(seed=1)
+    rope = overrides["rope_parameters"]
+    rope.update(partial_rotary_factor=0.6, short_factor=rope["short_factor"][:6], long_factor=rope["long_factor"][:6])
+    return dict(overrides, sliding_window=8)
+
+
+# Every family's variants that tests/test_family_contract.py holds to transformers: each row a checkpoint
+# (family, transformers config overrides) that exercises one of the family's differences.
+CASES: dict[str, Case] = {
+    "llama_gqa_untied": Case("llama", {}, gguf=True, tol=1e-3),
+    "llama_tied_embeddings": Case("llama", {"tie_word_embeddings": True}, tol=1e-3),
+    "llama_multi_head_attention": Case("llama", {"num_key_value_heads": 4}, tol=1e-3),
+    "llama3_rope_scaling": Case("llama", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}, tol=1e-3),
+    "llama_linear_rope_scaling": Case("llama", {"rope_parameters": {
+        "rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}}, tol=1e-3),
+    "mistral_sliding_window": Case("mistral", {"sliding_window": 8}, tol=1e-3),
+    "gemma_gqa_tied": Case("gemma", {}, gguf=True),
+    "gemma_mqa": Case("gemma", {"num_key_value_heads": 1}),
+    "gemma_untied_attention_bias": Case("gemma", {"tie_word_embeddings": False, "attention_bias": True}),
+    "gemma2_gqa_soft_caps_window_8": Case("gemma2", {}),
+    "gemma2_mqa": Case("gemma2", {"num_key_value_heads": 1}),
+    "gemma2_head_dim_scale_as_gguf_states": Case("gemma2", GGUF_EXACT_OVERRIDES["gemma2"], gguf=True),
+    "gemma3_gqa_two_ropes_window_8": Case("gemma3", {}),
+    "gemma3_mqa_untied_final_soft_cap": Case("gemma3", {"num_key_value_heads": 1, "tie_word_embeddings": False,
+                                                        "final_logit_softcapping": 8.0}),
+    "gemma3_six_layers_as_gguf_states": Case("gemma3", GGUF_EXACT_OVERRIDES["gemma3"], gguf=True),
+    "qwen2_gqa_tied_qkv_bias": Case("qwen2", {}, gguf=True),
+    "qwen2_mqa_untied": Case("qwen2", {"num_key_value_heads": 1, "tie_word_embeddings": False}, gguf=True),
+    # layers >= max_window_layers slide; the converter writes no window for qwen2
+    "qwen2_sliding_window_above_max_window_layers": Case(
+        "qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}),
+    "qwen3_gqa_tied_qk_norm_head_dim_24": Case("qwen3", {}, gguf=True),
+    "qwen3_mqa_untied_attention_bias": Case(
+        "qwen3", {"num_key_value_heads": 1, "tie_word_embeddings": False, "attention_bias": True}, gguf=True),
+    "qwen3_sliding_window_above_max_window_layers": Case(
+        "qwen3", {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 2}),
+    "phi3_gqa_untied": Case("phi3", {}, gguf=True),
+    "phi3_mqa_tied_partial_rotary": Case("phi3", {
+        "num_key_value_heads": 1, "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.6}},
+        gguf=True),
+    "phi3_longrope_short_factors": Case("phi3", phi3_longrope(), gguf=True),
+    "phi3_longrope_partial_rotary_sliding_window": Case("phi3", _phi3_longrope_partial_window(), gguf=True),
+    # families.py's GPT-2: n_embd 72, 4 heads, 128 positions, tied head
+    "gpt2_tied_head": Case("gpt2", {}, gguf=True),
+    "gpt2_odd_width_untied_head": Case(
+        "gpt2", dict(n_embd=45, n_head=5, n_positions=64, n_ctx=64, tie_word_embeddings=False), gguf=True),
+    # scores unscaled (no 1/sqrt(head_dim)), the upcast/reordered attention path, an odd n_inner, the other
+    # spelling of tanh GELU. llama.cpp's converter writes feed_forward_length = 4·n_embd and nothing about
+    # scale_attn_weights: a GGUF of it would describe another model.
+    "gpt2_unscaled_upcast_attention_odd_inner": Case("gpt2", dict(
+        scale_attn_weights=False, reorder_and_upcast_attn=True, n_inner=97,
+        activation_function="gelu_pytorch_tanh", n_positions=64, n_ctx=64)),
+}

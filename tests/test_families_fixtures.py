@@ -11,25 +11,25 @@ import numpy as np
 import pytest
 
 from conftest import english_text, hf_float32
-from families import (FAMILIES, GGUF_ARCH, convert_to_gguf, llama_cpp_converter,
-                      make_family_checkpoint, phi3_longrope)
+from families import FAMILIES, GGUF_ARCH, llama_cpp_converter, phi3_longrope
 
 ALL = list(FAMILIES)
 SPM = [f for f in ALL if FAMILIES[f].tokenizer in ("llama", "phi3", "gemma")]
 BPE = [f for f in ALL if FAMILIES[f].tokenizer in ("gpt2", "qwen2")]
 
+pytestmark = pytest.mark.slow  # llama.cpp's converter and transformers run every family
+
 
 @pytest.fixture(scope="module")
-def gguf_file(family_checkpoint):
-    """(family, outtype) -> (path, GGUFReader), converted and read once per module."""
+def gguf_file(family_checkpoint, converted_gguf):
+    """(family, outtype) -> (path, GGUFReader), converted once per session and read once per module."""
     from gguf import GGUFReader
 
     done = {}
 
     def get(family: str, outtype: str):
         if (family, outtype) not in done:
-            folder = family_checkpoint(family)
-            path = convert_to_gguf(folder, os.path.join(folder, f"{family}-{outtype}.gguf"), outtype)
+            path = converted_gguf(family_checkpoint(family), outtype)
             done[family, outtype] = path, GGUFReader(path)
         return done[family, outtype]
     return get
@@ -255,12 +255,11 @@ def test_f16_gguf_rounds_matrices_and_keeps_vectors_f32(family, family_checkpoin
                                    rtol=1e-3, atol=1e-6, err_msg=name)
 
 
-def test_phi3_longrope_factors_become_rope_factor_tensors(tmp_path):
+def test_phi3_longrope_factors_become_rope_factor_tensors(checkpoint, converted_gguf):
     from gguf import GGUFReader
 
     overrides = phi3_longrope()
-    folder = make_family_checkpoint(str(tmp_path / "phi3"), "phi3", **overrides)
-    reader = GGUFReader(convert_to_gguf(folder, str(tmp_path / "phi3.gguf")))
+    reader = GGUFReader(converted_gguf(checkpoint("phi3", **overrides), "f32"))
     meta, tensors = _metadata(reader), _tensors(reader)
     rope = overrides["rope_parameters"]
     np.testing.assert_allclose(tensors["rope_factors_long.weight"].data, rope["long_factor"], rtol=1e-6)

@@ -1,11 +1,10 @@
-"""Gemma 1, 2 and 3 (text) against transformers on tiny random checkpoints (bf16 on disk, f32 compute on
-both sides), and the same checkpoints converted by llama.cpp's own convert_hf_to_gguf.py (f32, f16):
+"""Gemma 1, 2 and 3 (text): what differs from the other families, on tiny random checkpoints (bf16 on
+disk, f32 compute on both sides). Their logits, greedy continuations, prefill and GGUF files against
+transformers are tests/test_family_contract.py's (windows of 8, GQA and MQA, tied and untied heads, the
+soft-caps, Gemma 3's two rope tables and q/k norms); here:
 
-- logits over 48 tokens within 1e-4 with windows of 8 (shorter than the sequence), GQA and MQA, tied and
-  untied heads, Gemma 2's soft-caps set where they bend the values, Gemma 3's two rope tables (global base
-  with linear scaling on full layers, local base on sliding ones) and q/k norms;
-- greedy continuations identical, prefill equal to token-by-token decoding on both matmul paths;
-- GGUF files give the Hugging Face folder's logits (f32) or transformers' on the f16-rounded weights (f16);
+- the spec reads each Gemma recipe, and each soft-cap, window and rope spelling moves the logits and is
+  followed as transformers follows it; the text part of Gemma3ForConditionalGeneration;
 - a config or GGUF file with a bad Gemma setting raises FormatError naming it;
 - Gemma's chat template renders as transformers renders it.
 """
@@ -21,25 +20,16 @@ import pytest
 import torch
 
 import pyllm
-from pyllm import _core
 from pyllm.chat import ChatTemplateError
 
 from conftest import hf_float32
-from families import GGUF_EXACT_OVERRIDES, convert_to_gguf, llama_cpp_converter, make_family_checkpoint
+from families import CASES, llama_cpp_converter
 
 N_POSITIONS = 48
-SHORT = 12  # fewer than _core.BLAS_MIN_TOKENS: a prefill on the vec_dot path
 
-CASES = {
-    "gemma_gqa_tied": ("gemma", {}),
-    "gemma_mqa": ("gemma", {"num_key_value_heads": 1}),
-    "gemma_untied_attention_bias": ("gemma", {"tie_word_embeddings": False, "attention_bias": True}),
-    "gemma2_gqa_soft_caps_window_8": ("gemma2", {}),
-    "gemma2_mqa": ("gemma2", {"num_key_value_heads": 1}),
-    "gemma3_gqa_two_ropes_window_8": ("gemma3", {}),
-    "gemma3_mqa_untied_final_soft_cap": ("gemma3", {"num_key_value_heads": 1, "tie_word_embeddings": False,
-                                                    "final_logit_softcapping": 8.0}),
-}
+# families.CASES's Gemma rows that keep the table's own layers, window and attention scale
+GEMMA_CASES = ["gemma_gqa_tied", "gemma_mqa", "gemma_untied_attention_bias", "gemma2_gqa_soft_caps_window_8",
+               "gemma2_mqa", "gemma3_gqa_two_ropes_window_8", "gemma3_mqa_untied_final_soft_cap"]
 
 
 def token_ids(n: int = N_POSITIONS, seed: int = 7) -> list[int]:
@@ -51,62 +41,10 @@ def oracle_logits(model, ids: list[int]) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].float().numpy()
 
 
-def oracle_greedy(model, prompt: list[int], n: int) -> list[int]:
-    """transformers' argmax continuation, recomputed from scratch at every step, through EOS."""
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(oracle_logits(model, ids)[-1].argmax()))
-    return ids[len(prompt):]
-
-
-@pytest.fixture(scope="module", params=sorted(CASES))
-def case(request, tmp_path_factory):
-    family, overrides = CASES[request.param]
-    folder = make_family_checkpoint(str(tmp_path_factory.mktemp(request.param)), family, **overrides)
-    oracle = hf_float32(folder)
-    return request.param, folder, oracle
-
-
-def test_logits_match_transformers(case):
-    name, folder, oracle = case
-    ids = token_ids()
-    got = pyllm.load(folder, threads=2).logits(ids)
-    expected = oracle_logits(oracle, ids)
-    assert got.shape == expected.shape and got.dtype == np.float32
-    assert np.abs(got - expected).max() <= 1e-4, name
-
-
-def test_short_prefill_on_the_vec_path_matches_transformers(case):
-    name, folder, oracle = case
-    ids = token_ids(SHORT)
-    assert len(ids) < _core.BLAS_MIN_TOKENS
-    got = pyllm.load(folder, threads=2).logits(ids)
-    assert np.abs(got - oracle_logits(oracle, ids)).max() <= 1e-4, name
-
-
-def test_greedy_continuation_matches_transformers(case):
-    name, folder, oracle = case
-    prompt = token_ids(10, seed=3)
-    llm = pyllm.load(folder, threads=2)
-    llm.eos_ids = set()  # compare every step, whatever the random model predicts
-    assert llm.generate(prompt, max_tokens=20).token_ids == oracle_greedy(oracle, prompt, 20), name
-
-
-def test_prefill_equals_token_by_token_decoding(case):
-    _, folder, _ = case
-    llm = pyllm.load(folder, threads=2)
-    for n in (N_POSITIONS, SHORT):  # the sgemm prefill, then the vec_dot one
-        ids = token_ids(n)
-        batch = llm.logits(ids)
-        llm.reset()
-        steps = np.stack([llm._step(t) for t in ids])
-        assert np.abs(batch - steps).max() <= 1e-4, n
-
-
-def test_spec_reads_the_gemma_recipe(case):
-    name, folder, _ = case
-    spec = pyllm.load(folder, threads=1).spec
-    family, overrides = CASES[name]
+@pytest.mark.parametrize("name", GEMMA_CASES)
+def test_spec_reads_the_gemma_recipe(name, checkpoint):
+    family, overrides = CASES[name].family, CASES[name].overrides
+    spec = pyllm.load(checkpoint(family, **overrides), threads=1).spec
     assert spec.family == family and spec.activation == "gelu_tanh"
     assert spec.embed_scale == np.float32(spec.dim ** 0.5)
     assert spec.n_kv_heads == overrides.get("num_key_value_heads", 2)
@@ -152,13 +90,13 @@ def with_config(folder: str, target, **changes) -> str:
 
 
 @pytest.fixture(scope="module")
-def gemma2_folder(tmp_path_factory):
-    return make_family_checkpoint(str(tmp_path_factory.mktemp("gemma2")), "gemma2")
+def gemma2_folder(family_checkpoint):
+    return family_checkpoint("gemma2")
 
 
 @pytest.fixture(scope="module")
-def gemma3_folder(tmp_path_factory):
-    return make_family_checkpoint(str(tmp_path_factory.mktemp("gemma3")), "gemma3")
+def gemma3_folder(family_checkpoint):
+    return family_checkpoint("gemma3")
 
 
 def test_gemma2_soft_caps_and_window_each_change_the_logits_and_are_matched(gemma2_folder, tmp_path):
@@ -252,68 +190,6 @@ def test_gemma3_multimodal_checkpoint_text_logits_match_transformers(gemma3_fold
     assert np.abs(llm.logits(ids) - oracle_logits(oracle, ids)).max() <= 1e-4
 
 
-# ---------------------------------------------------------------- GGUF from llama.cpp's converter
-
-
-@pytest.fixture(scope="module", params=["gemma", "gemma2", "gemma3"])
-def converted(request, tmp_path_factory):
-    """A checkpoint whose function a GGUF file can state (families.GGUF_EXACT_OVERRIDES), converted
-    to f32 and f16."""
-    family = request.param
-    folder = make_family_checkpoint(str(tmp_path_factory.mktemp(family)), family,
-                                    **GGUF_EXACT_OVERRIDES.get(family, {}))
-    files = {t: convert_to_gguf(folder, os.path.join(folder, f"{family}-{t}.gguf"), t) for t in ("f32", "f16")}
-    return family, folder, files
-
-
-def test_gguf_f32_gives_the_folder_logits(converted):
-    family, folder, files = converted
-    ids = token_ids()
-    gguf = pyllm.load(files["f32"], threads=2)
-    assert gguf.spec.family == family
-    hf = pyllm.load(folder, threads=2).logits(ids)
-    got = gguf.logits(ids)
-    assert np.abs(got - hf).max() <= 1e-4
-    assert np.abs(got - oracle_logits(hf_float32(folder), ids)).max() <= 1e-4
-
-
-def test_gguf_f16_gives_transformers_logits_on_the_f16_rounded_weights(converted):
-    """The converter stores matrices in f16 and norms in f32; transformers run on the weights rounded
-    the same way is the exact oracle (pyllm widens f16 weights and computes in f32)."""
-    family, folder, files = converted
-    ids = token_ids()
-    oracle = hf_float32(folder)
-    with torch.no_grad():
-        for p in oracle.parameters():
-            if p.ndim == 2:
-                p.copy_(p.half().float())
-    got = pyllm.load(files["f16"], threads=2).logits(ids)
-    assert np.abs(got - oracle_logits(oracle, ids)).max() <= 1e-4
-
-
-def test_gguf_prefill_equals_token_by_token_decoding(converted):
-    _, _, files = converted
-    llm = pyllm.load(files["f16"], threads=2)
-    ids = token_ids()
-    batch = llm.logits(ids)
-    llm.reset()
-    assert np.abs(batch - np.stack([llm._step(t) for t in ids])).max() <= 1e-4
-
-
-def test_gguf_spec_equals_the_folder_spec(converted):
-    family, folder, files = converted
-    hf, gguf = pyllm.load(folder, threads=1).spec, pyllm.load(files["f32"], threads=1).spec
-    for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
-                 "sliding_windows", "layer_ropes", "attn_softcap", "logit_softcap", "embed_scale", "activation",
-                 "n_rot", "rope_interleaved", "tied_embeddings"):
-        assert getattr(gguf, name) == getattr(hf, name), name
-    assert np.float32(gguf.norm_eps) == np.float32(hf.norm_eps)  # the file holds a float32
-    assert gguf.attn_scale == pytest.approx(hf.attn_scale, rel=1e-7)
-    assert len(gguf.ropes) == len(hf.ropes)
-    for a, b in zip(gguf.ropes, hf.ropes):
-        np.testing.assert_allclose(a.inv_freq, b.inv_freq, rtol=1e-6)
-
-
 # ---------------------------------------------------------------- bad input
 
 
@@ -404,15 +280,9 @@ def rewrite_gguf(source: str, target: str, changes: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def gguf_files(family_checkpoint):
-    done = {}
-
-    def get(family: str) -> str:
-        if family not in done:
-            folder = family_checkpoint(family)
-            done[family] = convert_to_gguf(folder, os.path.join(folder, f"{family}.gguf"), "f32")
-        return done[family]
-    return get
+def gguf_files(family_checkpoint, converted_gguf):
+    """family -> llama.cpp's f32 conversion of its tiny checkpoint."""
+    return lambda family: converted_gguf(family_checkpoint(family), "f32")
 
 
 def _u32(v):

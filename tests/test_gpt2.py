@@ -1,7 +1,8 @@
-"""GPT-2 (GPT2LMHeadModel and GGUF `gpt2`) against transformers on tiny random checkpoints (bf16 on
-disk, float32 compute on both sides): logits, greedy continuations, prefill == token-by-token decoding
-on the vec_dot and the sgemm paths, the same checkpoints converted by llama.cpp's own converter, the
-real GPT-2 tokenizer, the learned-position limit on the context, and configs that must be refused."""
+"""GPT-2 (GPT2LMHeadModel and GGUF `gpt2`) on tiny random checkpoints (bf16 on disk, float32 compute on
+both sides): what differs from the other families. Its logits, greedy continuations, prefill and GGUF files
+against transformers are tests/test_family_contract.py's; here: checkpoints without the `transformer.`
+prefix, f16 files that need no rounded oracle, the real GPT-2 tokenizer, the learned-position limit on the
+context, and configs and files that must be refused."""
 from __future__ import annotations
 
 import json
@@ -15,26 +16,15 @@ import pyllm
 from pyllm import _core
 
 from conftest import english_text
-from families import FAMILIES, convert_to_gguf, make_family_checkpoint
+from families import CASES, make_family_checkpoint
 
 EOS = 50256
 N_TOKENS = 48
 SHORT = 12  # below the sgemm threshold: the vec_dot path
 assert SHORT < _core.BLAS_MIN_TOKENS <= N_TOKENS
 
-CASES = {
-    # families.py's GPT-2: n_embd 72, 4 heads, 128 positions, tied head
-    "tied_head": {},
-    "odd_width_untied_head": dict(n_embd=45, n_head=5, n_positions=64, n_ctx=64, tie_word_embeddings=False),
-    # scores unscaled (no 1/sqrt(head_dim)), the upcast/reordered attention path, an odd n_inner, the
-    # other spelling of tanh GELU
-    "unscaled_upcast_attention_odd_inner": dict(
-        scale_attn_weights=False, reorder_and_upcast_attn=True, n_inner=97,
-        activation_function="gelu_pytorch_tanh", n_positions=64, n_ctx=64),
-}
-# llama.cpp's converter writes feed_forward_length = 4·n_embd and nothing about scale_attn_weights: a
-# GGUF of the third case would describe another model.
-GGUF_CASES = ("tied_head", "odd_width_untied_head")
+# families.CASES's GPT-2 rows whose function llama.cpp's converter can state
+GGUF_CASES = ("gpt2_tied_head", "gpt2_odd_width_untied_head")
 
 
 def oracle_model(folder: str):
@@ -45,49 +35,21 @@ def oracle_model(folder: str):
         folder, dtype=torch.float32, attn_implementation="eager").eval()
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
-def case(request, tmp_path_factory):
-    folder = make_family_checkpoint(str(tmp_path_factory.mktemp(request.param)), "gpt2", **CASES[request.param])
-    ids = np.random.default_rng(7).integers(0, EOS, N_TOKENS).tolist()
-    oracle = oracle_model(folder)
-    with torch.no_grad():
-        expected = oracle(torch.tensor([ids])).logits[0].numpy()
-    return request.param, folder, ids, expected, oracle
-
-
 @pytest.fixture(scope="module")
-def conversions(tmp_path_factory):
-    """name -> (name, folder, {"f32": path, "f16": path}, ids, oracle logits): a checkpoint of a case
-    and llama.cpp's conversions of it, each built once (the converter takes seconds)."""
-    built: dict[str, tuple] = {}
-
+def conversions(checkpoint, converted_gguf):
+    """name -> (name, folder, {"f32": path, "f16": path}, ids): a case's checkpoint and llama.cpp's
+    conversions of it, each made once per session."""
     def get(name: str) -> tuple:
-        if name not in built:
-            root = tmp_path_factory.mktemp(f"gguf-{name}")
-            folder = make_family_checkpoint(str(root / "hf"), "gpt2", **CASES[name])
-            ids = np.random.default_rng(11).integers(0, EOS, N_TOKENS).tolist()
-            with torch.no_grad():
-                expected = oracle_model(folder)(torch.tensor([ids])).logits[0].numpy()
-            files = {t: convert_to_gguf(folder, str(root / f"model-{t}.gguf"), t) for t in ("f32", "f16")}
-            built[name] = (name, folder, files, ids, expected)
-        return built[name]
-
+        folder = checkpoint("gpt2", **CASES[name].overrides)
+        ids = np.random.default_rng(11).integers(0, EOS, N_TOKENS).tolist()
+        return name, folder, {t: converted_gguf(folder, t) for t in ("f32", "f16")}, ids
     return get
-
-
-@pytest.fixture(scope="module", params=GGUF_CASES)
-def converted(request, conversions):
-    return conversions(request.param)
 
 
 @pytest.fixture(scope="module")
 def tied_gguf(conversions):
     """The tied-head case converted: the files the tokenizer and metadata tests read and rewrite."""
-    return conversions("tied_head")
-
-
-def n_positions(name: str) -> int:
-    return {**FAMILIES["gpt2"].settings, **CASES[name]}["n_positions"]
+    return conversions("gpt2_tied_head")
 
 
 def max_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -95,37 +57,7 @@ def max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max())
 
 
-# ---------------------------------------------------------------- the HF folder against transformers
-
-def test_gpt2_logits_match_transformers_on_the_sgemm_and_vec_paths(case):
-    name, folder, ids, expected, _ = case
-    llm = pyllm.load(folder, threads=2)
-    got = llm.logits(ids)
-    assert got.dtype == np.float32 and got.shape == (N_TOKENS, llm.vocab_size)
-    assert max_diff(got, expected) <= 1e-4, name
-    assert max_diff(llm.logits(ids[:SHORT]), expected[:SHORT]) <= 1e-4, name
-
-
-def test_gpt2_greedy_continuation_matches_transformers(case):
-    name, folder, ids, _, oracle = case
-    prompt = ids[:8]
-    with torch.no_grad():
-        out = oracle.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
-                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    expected = out[0, len(prompt):].tolist()
-    expected = expected[:expected.index(EOS)] if EOS in expected else expected
-    assert pyllm.load(folder, threads=2).generate(prompt, max_tokens=16).token_ids == expected, name
-
-
-@pytest.mark.parametrize("n", [SHORT, N_TOKENS], ids=["vec_dot", "sgemm"])
-def test_gpt2_prefill_equals_token_by_token_decoding(case, n):
-    name, folder, ids, _, _ = case
-    llm = pyllm.load(folder, threads=2)
-    batch = llm.logits(ids[:n])
-    llm.reset()
-    steps = np.stack([llm._step(t) for t in ids[:n]])
-    assert max_diff(batch, steps) <= 1e-4, name
-
+# ---------------------------------------------------------------- the HF folder
 
 def test_gpt2_checkpoint_without_the_transformer_prefix_gives_the_same_logits(tmp_path):
     """OpenAI's own GPT-2 files name tensors "h.0.attn.c_attn.weight", beside the causal-mask buffers
@@ -150,26 +82,18 @@ def test_gpt2_checkpoint_without_the_transformer_prefix_gives_the_same_logits(tm
 
 # ---------------------------------------------------------------- llama.cpp's GGUF
 
-@pytest.mark.parametrize("outtype", ["f32", "f16"])
-def test_gpt2_gguf_from_llama_cpp_converter_matches_transformers(converted, outtype):
+@pytest.mark.parametrize("name", GGUF_CASES)
+def test_gpt2_f16_gguf_matches_transformers_on_the_unrounded_weights(conversions, name):
     """The converter transposes the Conv1D weights itself and keeps [q; k; v] fused: right names, right
-    cut. f16 needs no looser bar: the bf16 weights convert to f16 exactly but for the few below f16's
+    cut. f16 needs no rounded oracle: the bf16 weights convert to f16 exactly but for the few below f16's
     normal range (2^-14; 132 of 3.8M here), whose lost low bits move these logits by < 1e-6."""
-    name, folder, files, ids, expected = converted
-    llm = pyllm.load(files[outtype], threads=2)
-    assert llm.spec.family == "gpt2" and llm.spec.n_positions == n_positions(name)
-    assert llm.spec.tied_embeddings == (name == "tied_head")
-    assert max_diff(llm.logits(ids), expected) <= 1e-4, (name, outtype)
-    assert max_diff(llm.logits(ids[:SHORT]), expected[:SHORT]) <= 1e-4, (name, outtype)
-    assert max_diff(llm.logits(ids), pyllm.load(folder, threads=2).logits(ids)) <= 1e-4, (name, outtype)
-
-
-def test_gpt2_gguf_prefill_equals_token_by_token_decoding(converted):
-    _, _, files, ids, _ = converted
+    _, folder, files, ids = conversions(name)
+    with torch.no_grad():
+        expected = oracle_model(folder)(torch.tensor([ids])).logits[0].numpy()
     llm = pyllm.load(files["f16"], threads=2)
-    batch = llm.logits(ids)
-    llm.reset()
-    assert max_diff(batch, np.stack([llm._step(t) for t in ids])) <= 1e-4
+    assert max_diff(llm.logits(ids), expected) <= 1e-4, name
+    assert max_diff(llm.logits(ids[:SHORT]), expected[:SHORT]) <= 1e-4, name
+    assert max_diff(llm.logits(ids), pyllm.load(folder, threads=2).logits(ids)) <= 1e-4, name
 
 
 # ---------------------------------------------------------------- the tokenizer
@@ -181,7 +105,7 @@ SENTENCE = ("Hello world! It's 2024 — naïve café owners don't   count 12345 
 def test_gpt2_tokenizer_from_tokenizer_json_and_from_gguf_encodes_like_transformers(tied_gguf):
     import transformers
 
-    _, folder, files, _, _ = tied_gguf
+    _, folder, files, _ = tied_gguf
     reference = transformers.AutoTokenizer.from_pretrained(folder)
     texts = [SENTENCE, english_text()[:3000]]
     for source in (folder, files["f32"]):
@@ -194,7 +118,7 @@ def test_gpt2_tokenizer_from_tokenizer_json_and_from_gguf_encodes_like_transform
 
 
 def test_gpt2_has_no_chat_template_and_chat_says_so(tied_gguf):
-    _, folder, _, _, _ = tied_gguf
+    _, folder, _, _ = tied_gguf
     with pytest.raises(pyllm.ChatTemplateError, match="no chat template"):
         pyllm.load(folder, threads=1).chat([{"role": "user", "content": "Hi"}])
 
@@ -236,8 +160,8 @@ def test_gpt2_generation_that_reaches_the_last_position_ends_with_length(short_c
 # ---------------------------------------------------------------- configs that must be refused
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> str:
-    return make_family_checkpoint(str(tmp_path_factory.mktemp("bad")), "gpt2")
+def gpt2_folder(family_checkpoint) -> str:
+    return family_checkpoint("gpt2")
 
 
 def with_config(checkpoint: str, folder, drop: tuple[str, ...] = (), **changes) -> str:
@@ -270,8 +194,8 @@ def with_config(checkpoint: str, folder, drop: tuple[str, ...] = (), **changes) 
     ((), {"layer_norm_epsilon": -1e-5}, "layer_norm_epsilon"),
     ((), {"layer_norm_epsilon": float("nan")}, "layer_norm_epsilon"),
 ], ids=lambda v: str(v))
-def test_gpt2_bad_config_raises_format_error_naming_the_key(checkpoint, tmp_path, drop, changes, named):
-    folder = with_config(checkpoint, tmp_path / "m", drop=drop, **changes)
+def test_gpt2_bad_config_raises_format_error_naming_the_key(gpt2_folder, tmp_path, drop, changes, named):
+    folder = with_config(gpt2_folder, tmp_path / "m", drop=drop, **changes)
     with pytest.raises(pyllm.FormatError, match="config.json") as raised:
         pyllm.load(folder, threads=1)
     assert named in str(raised.value)
@@ -281,9 +205,9 @@ def test_gpt2_bad_config_raises_format_error_naming_the_key(checkpoint, tmp_path
     ({"n_positions": 100}, "wpe.weight"),    # the file holds 128 learned positions
     ({"n_inner": 300}, "c_fc.weight"),
 ])
-def test_gpt2_config_contradicting_the_weights_raises_format_error(checkpoint, tmp_path, changes, tensor):
+def test_gpt2_config_contradicting_the_weights_raises_format_error(gpt2_folder, tmp_path, changes, tensor):
     with pytest.raises(pyllm.FormatError, match=f"{tensor}.*shape"):
-        pyllm.load(with_config(checkpoint, tmp_path / "m", **changes), threads=1)
+        pyllm.load(with_config(gpt2_folder, tmp_path / "m", **changes), threads=1)
 
 
 @pytest.mark.parametrize("changes,named", [
@@ -291,9 +215,9 @@ def test_gpt2_config_contradicting_the_weights_raises_format_error(checkpoint, t
     ({"activation_function": "relu"}, "activation_function 'relu'"),
     ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
 ])
-def test_gpt2_settings_pyllm_does_not_reproduce_are_unsupported(checkpoint, tmp_path, changes, named):
+def test_gpt2_settings_pyllm_does_not_reproduce_are_unsupported(gpt2_folder, tmp_path, changes, named):
     with pytest.raises(pyllm.UnsupportedModelError, match=named):
-        pyllm.load(with_config(checkpoint, tmp_path / "m", **changes), threads=1)
+        pyllm.load(with_config(gpt2_folder, tmp_path / "m", **changes), threads=1)
 
 
 def rewrite_gguf(src: str, dst: str, drop: tuple[str, ...] = (), **changes) -> str:
@@ -318,7 +242,7 @@ def rewrite_gguf(src: str, dst: str, drop: tuple[str, ...] = (), **changes) -> s
 
 
 def test_gguf_rewrite_without_changes_loads_the_same(tied_gguf, tmp_path):
-    _, _, files, ids, _ = tied_gguf
+    _, _, files, ids = tied_gguf
     copy = rewrite_gguf(files["f16"], str(tmp_path / "copy.gguf"))
     assert np.array_equal(pyllm.load(copy, threads=2).logits(ids[:SHORT]),
                           pyllm.load(files["f16"], threads=2).logits(ids[:SHORT]))
@@ -334,7 +258,7 @@ def test_gguf_rewrite_without_changes_loads_the_same(tied_gguf, tmp_path):
     ((), {"gpt2.feed_forward_length": 300}, "ffn_up.weight"),
 ], ids=lambda v: str(v))
 def test_gpt2_bad_gguf_metadata_raises_format_error_naming_it(tied_gguf, tmp_path, drop, changes, named):
-    _, _, files, _, _ = tied_gguf
+    _, _, files, _ = tied_gguf
     bad = rewrite_gguf(files["f16"], str(tmp_path / "bad.gguf"), drop=drop, **changes)
     with pytest.raises(pyllm.FormatError, match="bad.gguf") as raised:
         pyllm.load(bad, threads=1)

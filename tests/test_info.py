@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from families import make_family_checkpoint
 
 EXPECTED = {
     "llama": ["RMSNorm", "gated SiLU", "rotating halves", "biases:          none", "separate head"],
@@ -23,8 +22,8 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
-def test_info_describes_each_family_recipe(family, tmp_path):
-    folder = make_family_checkpoint(str(tmp_path / family), family)
+def test_info_describes_each_family_recipe(family, family_checkpoint):
+    folder = family_checkpoint(family)
     out = subprocess.run([sys.executable, "-m", "pyllm", "info", folder], capture_output=True, text=True,
                          check=True).stdout
     assert "architecture:" in out

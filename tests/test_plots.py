@@ -6,15 +6,14 @@ import numpy as np
 import pytest
 
 import pyllm
-from families import make_family_checkpoint
 from pyllm import cli, plots
 
 PROMPT = "The capital of France is Paris, and"
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    folder = make_family_checkpoint(str(tmp_path_factory.mktemp("gemma2")), "gemma2")
+def model(family_checkpoint):
+    folder = family_checkpoint("gemma2")
     return folder, pyllm.load(folder, threads=2)
 
 

@@ -1,9 +1,9 @@
-"""The Qwen2, Qwen3 and Phi-3 families against transformers on tiny random checkpoints (bf16 on disk,
-f32 compute on both sides): logits to 1e-4 over 48 tokens, greedy continuations, prefill equal to
-token-by-token decoding on the sgemm and vec_dot paths, the rope tables within 1 ULP; the same
-checkpoints converted by llama.cpp's own converter (f32, f16) load to the same logits; malformed
-configs and GGUF files raise FormatError naming the key; the families' real chat templates (as
-llama.cpp's sdist ships them) render as transformers renders them."""
+"""The Qwen2, Qwen3 and Phi-3 families' own differences on tiny random checkpoints (bf16 on disk, f32
+compute on both sides); their logits, greedy continuations, prefill and GGUF files against transformers
+are tests/test_family_contract.py's. Here: the rope tables (within 1 ULP) and the per-layer windows,
+Phi-3's fused projections and LongRoPE, Qwen's layer windows; malformed configs and GGUF files raise
+FormatError naming the key; the families' real chat templates (as llama.cpp's sdist ships them) render
+as transformers renders them."""
 from __future__ import annotations
 
 import functools
@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-import torch
 
 import pyllm
 from pyllm.arch import phi3, qwen2
@@ -23,80 +22,45 @@ from pyllm.formats.mapped import TensorInfo
 from pyllm.tokenizer import Tokenizer
 
 from conftest import hf_float32
-from families import convert_to_gguf, llama_cpp_converter, make_family_checkpoint, phi3_longrope
+from families import CASES as ALL_CASES
+from families import llama_cpp_converter
 
 N_POSITIONS = 48
-SHORT = 12  # a prefill under 16 tokens runs the vec_dot kernels, not sgemm
-TOL = 1e-4
 
 
-def _phi3_longrope_partial_window() -> dict:
-    """LongRoPE on 12 of the 20 dims of each head (6 factor pairs) and an 8-token window."""
-    overrides = phi3_longrope(seed=1)
-    rope = overrides["rope_parameters"]
-    rope.update(partial_rotary_factor=0.6, short_factor=rope["short_factor"][:6], long_factor=rope["long_factor"][:6])
-    return dict(overrides, sliding_window=8)
-
-
-# name: (family, config overrides, whether llama.cpp's converter writes a GGUF of the same function)
-CASES = {
-    "qwen2_gqa_tied_qkv_bias": ("qwen2", {}, True),
-    "qwen2_mqa_untied": ("qwen2", {"num_key_value_heads": 1, "tie_word_embeddings": False}, True),
-    # layers >= max_window_layers slide; the converter writes no window for qwen2
-    "qwen2_sliding_window_above_max_window_layers": (
-        "qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}, False),
-    "qwen3_gqa_tied_qk_norm_head_dim_24": ("qwen3", {}, True),
-    "qwen3_mqa_untied_attention_bias": (
-        "qwen3", {"num_key_value_heads": 1, "tie_word_embeddings": False, "attention_bias": True}, True),
-    "qwen3_sliding_window_above_max_window_layers": (
-        "qwen3", {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 2}, False),
-    "phi3_gqa_untied": ("phi3", {}, True),
-    "phi3_mqa_tied_partial_rotary": ("phi3", {
-        "num_key_value_heads": 1, "tie_word_embeddings": True,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.6}}, True),
-    "phi3_longrope_short_factors": ("phi3", phi3_longrope(), True),
-    "phi3_longrope_partial_rotary_sliding_window": ("phi3", _phi3_longrope_partial_window(), True),
-}
-GGUF_CASES = sorted(name for name, (_, _, exact) in CASES.items() if exact)
+# families.CASES's Qwen2, Qwen3 and Phi-3 rows
+CASES = {name: c for name, c in ALL_CASES.items() if c.family in ("qwen2", "qwen3", "phi3")}
 
 
 @dataclass
 class Built:
     folder: str
     ids: list[int]
-    expected: np.ndarray  # transformers' float32 logits of ids
-    oracle: object
+
+    @functools.cached_property
+    def oracle(self):
+        return hf_float32(self.folder)
 
 
 @pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    """name -> Built, each checkpoint made and run through transformers once per module."""
+def build(checkpoint):
+    """name -> Built: the case's checkpoint (built once per session) and its token ids."""
     done: dict[str, Built] = {}
 
     def get(name: str) -> Built:
         if name not in done:
-            family, overrides, _ = CASES[name]
-            folder = make_family_checkpoint(str(tmp_path_factory.mktemp(name)), family, **overrides)
-            oracle = hf_float32(folder)
-            ids = np.random.default_rng(7).integers(3, oracle.config.vocab_size, N_POSITIONS).tolist()
-            with torch.no_grad():
-                expected = oracle(torch.tensor([ids])).logits[0].numpy()
-            done[name] = Built(folder, ids, expected, oracle)
+            folder = checkpoint(CASES[name].family, **CASES[name].overrides)
+            with open(os.path.join(folder, "config.json")) as f:
+                vocab = json.load(f)["vocab_size"]
+            done[name] = Built(folder, np.random.default_rng(7).integers(3, vocab, N_POSITIONS).tolist())
         return done[name]
     return get
 
 
 @pytest.fixture(scope="module")
-def gguf(build):
+def gguf(build, converted_gguf):
     """(name, outtype) -> a GGUF file converted from the case's folder by llama.cpp's converter."""
-    done: dict[tuple[str, str], str] = {}
-
-    def get(name: str, outtype: str) -> str:
-        if (name, outtype) not in done:
-            folder = build(name).folder
-            done[name, outtype] = convert_to_gguf(folder, os.path.join(folder, f"model-{outtype}.gguf"), outtype)
-        return done[name, outtype]
-    return get
+    return lambda name, outtype: converted_gguf(build(name).folder, outtype)
 
 
 @pytest.fixture(params=sorted(CASES))
@@ -105,38 +69,6 @@ def case(request, build) -> tuple[str, Built]:
 
 
 # ---------------------------------------------------------------------------------------------- the folder
-
-def test_logits_match_transformers(case):
-    name, b = case
-    got = pyllm.load(b.folder, threads=2).logits(b.ids)
-    assert got.shape == b.expected.shape and got.dtype == np.float32
-    assert np.abs(got - b.expected).max() <= TOL, name
-
-
-def test_greedy_continuation_matches_transformers(case):
-    name, b = case
-    llm = pyllm.load(b.folder, threads=2)
-    prompt = b.ids[:8]
-    with torch.no_grad():
-        out = b.oracle.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
-                                attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    expected = out[0, len(prompt):].tolist()
-    stops = [i for i, t in enumerate(expected) if t in llm.eos_ids]
-    expected = expected[:stops[0]] if stops else expected  # transformers pads after an EOS
-    assert len(expected) >= 4, name  # a continuation long enough to prove something
-    assert llm.generate(prompt, max_tokens=16).token_ids == expected, name
-
-
-def test_prefill_equals_token_by_token_decoding_on_both_matmul_paths(case):
-    name, b = case
-    llm = pyllm.load(b.folder, threads=2)
-    sgemm = llm.logits(b.ids)
-    vec = llm.logits(b.ids[:SHORT])
-    llm.reset()
-    steps = np.stack([llm._step(t) for t in b.ids])
-    assert np.abs(sgemm - steps).max() <= TOL, name
-    assert np.abs(vec - steps[:SHORT]).max() <= TOL, name
-
 
 def float64_pow_inv_freq(rope: dict, n_rot: int) -> np.ndarray:
     """transformers' float32 table, 1 / (factor_i · theta^(2i / n_rot)), with the power taken in float64
@@ -174,47 +106,6 @@ def test_sliding_windows_are_transformers_per_layer_windows(case):
 
 
 # ---------------------------------------------------------------------------------------------- GGUF
-
-@pytest.mark.parametrize("name", GGUF_CASES)
-def test_f32_gguf_gives_the_folders_logits(name, build, gguf):
-    b = build(name)
-    got = pyllm.load(gguf(name, "f32"), threads=2).logits(b.ids)
-    folder = pyllm.load(b.folder, threads=2).logits(b.ids)
-    assert np.abs(got - folder).max() <= TOL, name
-    assert np.abs(got - b.expected).max() <= TOL, name
-
-
-@pytest.mark.parametrize("name", GGUF_CASES)
-def test_f16_gguf_matches_transformers_on_f16_rounded_weights(name, build, gguf):
-    """The converter rounds every matrix to f16 and keeps vectors f32: transformers given the same
-    rounding is the oracle (bf16 values below f16's normal range lose bits in that rounding)."""
-    b = build(name)
-    oracle = hf_float32(b.folder)
-    with torch.no_grad():
-        for p in oracle.parameters():
-            if p.ndim == 2:
-                p.copy_(p.half().float())
-        expected = oracle(torch.tensor([b.ids])).logits[0].numpy()
-    got = pyllm.load(gguf(name, "f16"), threads=2).logits(b.ids)
-    assert np.abs(got - expected).max() <= TOL, name
-
-
-@pytest.mark.parametrize("name", GGUF_CASES)
-def test_gguf_spec_equals_the_folders_spec(name, build, gguf):
-    """The GGUF's metadata and tensors say the same recipe: sizes, rotary dims and table (LongRoPE's
-    short factors and attention factor included), windows, biases, q/k norms, head, context limit."""
-    folder = pyllm.load(build(name).folder, threads=1)
-    file = pyllm.load(gguf(name, "f32"), threads=1)
-    a, g = folder.spec, file.spec
-    for field in ("family", "n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
-                  "n_rot", "rope_interleaved", "sliding_windows", "tied_embeddings", "qkv_bias", "o_bias",
-                  "max_ctx", "max_seq_len"):
-        assert getattr(g, field) == getattr(a, field), (name, field)
-    np.testing.assert_array_equal(g.ropes[0].inv_freq, a.ropes[0].inv_freq, err_msg=name)
-    assert np.float32(g.ropes[0].scale) == np.float32(a.ropes[0].scale), name
-    assert g.norm_eps == pytest.approx(a.norm_eps, rel=1e-6), name
-    assert a.rope_interleaved is False  # llama.cpp permutes no q/k rows for these families
-
 
 def test_phi3_fused_projections_bind_as_row_views_of_one_tensor(build, gguf):
     """qkv_proj rows [q; k; v] and gate_up_proj rows [gate; up] (GGUF attn_qkv, ffn_up) are bound

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import pyllm
-from families import make_family_checkpoint
 from pyllm import cli
 
 TEXT = os.path.join(os.path.dirname(__file__), "data", "gettysburg.txt")
@@ -37,10 +36,10 @@ def reference_logprobs(model, ids: list[int], window: int, stride: int) -> np.nd
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(family_checkpoint):
     from conftest import hf_float32
 
-    folder = make_family_checkpoint(str(tmp_path_factory.mktemp("llama")), "llama")
+    folder = family_checkpoint("llama")
     return pyllm.load(folder, dtype="f32", threads=2, n_ctx=64), hf_float32(folder)
 
 

@@ -3,13 +3,12 @@ tiny checkpoint of every family: sliding windows, soft-caps, GQA/MQA, q/k norms,
 learned positions. Short prompts run the vec path, long ones the sgemm path."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 
 import pyllm
-from families import FAMILIES, convert_to_gguf, make_family_checkpoint
+from families import FAMILIES
 from pyllm.oracle import load_reference, reference_trace
 from pyllm.trace import CAPTURES
 
@@ -17,12 +16,12 @@ TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def family_model(tmp_path_factory):
+def family_model(family_checkpoint):
     built = {}
 
     def get(family: str):
         if family not in built:
-            folder = make_family_checkpoint(str(tmp_path_factory.mktemp(family)), family)
+            folder = family_checkpoint(family)
             built[family] = folder, pyllm.load(folder, dtype="f32", threads=2), load_reference(folder)
         return built[family]
     return get
@@ -87,10 +86,10 @@ def test_trace_is_the_ordinary_forward_and_leaves_the_cache(family_model):
     np.testing.assert_allclose(llm.logit_lens(t["hidden"][-1]), t["logits"], rtol=0, atol=1e-5)
 
 
-def test_gguf_queries_and_keys_come_back_in_the_halves_layout(family_model):
+def test_gguf_queries_and_keys_come_back_in_the_halves_layout(family_model, converted_gguf):
     """llama.cpp's converter permutes q/k rows for adjacent-pair rope; a trace undoes it."""
     folder, llm, reference = family_model("llama")
-    gguf = pyllm.load(convert_to_gguf(folder, os.path.join(folder, "llama-f32.gguf"), "f32"), threads=2)
+    gguf = pyllm.load(converted_gguf(folder, "f32"), threads=2)
     assert gguf.spec.rope_interleaved
     ids = _ids(llm, 12, seed=2)
     got = gguf.trace(ids, capture=("q", "k", "attn", "hidden"))
