@@ -6,6 +6,7 @@ Generation.step (generation.py), as every generation's are.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -59,6 +60,17 @@ class Model:
     @property
     def threads(self) -> int:
         return self._core.n_threads
+
+    def __repr__(self) -> str:
+        """What was loaded and how it runs: Model('SmolLM2-135M-Instruct.Q4_1.gguf', llama, 30 layers,
+        dim 576, weights q4_1 + q8_0 (96 MB), n_ctx 4096, f16 KV cache, 2 threads)."""
+        matrices = [w for w in self.weights.values() if len(w.shape) == 2]
+        kinds = " + ".join(sorted({w.wtype.name.lower() for w in matrices})) or "none"
+        mb = sum(w.nbytes for w in self.weights.values()) / 1e6
+        size = f"{mb:,.0f} MB" if mb >= 10 else f"{mb:.2f} MB"
+        return (f"Model({os.path.basename(os.path.normpath(self.source))!r}, {self.spec.family}, "
+                f"{self.spec.n_layers} layers, dim {self.spec.dim}, weights {kinds} ({size}), "
+                f"n_ctx {self.n_ctx}, {self.kv_dtype} KV cache, {self.threads} threads)")
 
     @property
     def tokens_processed(self) -> int:

@@ -1,6 +1,8 @@
 """Stop strings, streaming, logprobs and results of Model.generate/stream on a tiny model."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -235,3 +237,14 @@ def test_load_refuses_threads_and_n_ctx_that_are_not_counts_in_range(tiny_folder
 def test_load_takes_numpy_counts_and_the_models_whole_context(tiny_folder):
     llm = pyllm.load(tiny_folder, threads=np.int64(1), n_ctx=256)
     assert (llm.threads, llm.n_ctx) == (1, 256)
+
+
+def test_repr_says_what_was_loaded_and_how_it_runs(tiny_folder):
+    llm = pyllm.load(tiny_folder, threads=2, n_ctx=64)
+    text = repr(llm)
+    spec = llm.spec
+    assert text.startswith(f"Model({os.path.basename(os.path.normpath(tiny_folder))!r}, {spec.family}, ")
+    assert f"{spec.n_layers} layers, dim {spec.dim}" in text
+    kinds = {w.wtype.name.lower() for w in llm.weights.values() if len(w.shape) == 2}
+    assert f"weights {' + '.join(sorted(kinds))} (" in text
+    assert text.endswith(f"n_ctx 64, {llm.kv_dtype} KV cache, 2 threads)")
