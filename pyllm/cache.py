@@ -1,5 +1,6 @@
-"""What pyllm has on disk: the aliases' files in its own cache (hub.py) and the Hugging Face models in
-the HF cache that it can load (hf.py). `pyllm list` shows them; `pyllm rm` removes one.
+"""What pyllm has on disk: the aliases' files in its own cache (hub.py), anything else that folder
+holds, and the Hugging Face models in the HF cache that it can load (hf.py). `pyllm list` shows them;
+`pyllm rm` removes one.
 
 The HF cache is read with huggingface_hub's scan_cache_dir and emptied with its delete strategy,
 which knows its layout (snapshots of links into blobs, blobs shared between repositories); a model
@@ -21,7 +22,7 @@ class Entry:
     what: str                  # what the model is
     size: int | None           # bytes on disk when cached, else the download's
     path: str | None           # the file or folder that is loaded (or removed), when cached
-    kind: str                  # "alias" or "hf"
+    kind: str                  # "alias", "hf", or "other" (anything else in pyllm's cache folder)
     names: tuple[str, ...] = ()  # every name of an alias's model
 
 
@@ -35,6 +36,45 @@ def aliases() -> list[Entry]:
         path = hub.cached_path(model)
         size = os.path.getsize(path) if path else model.size
         entries.append(Entry(its_names[0], model.description, size, path, "alias", tuple(its_names)))
+    return entries
+
+
+def _size_on_disk(path: str) -> int:
+    if os.path.islink(path) or not os.path.isdir(path):
+        return os.lstat(path).st_size
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:  # removed meanwhile
+                pass
+    return total
+
+
+def others() -> list[Entry]:
+    """Everything in pyllm's cache folder that is not an alias's file or its bookkeeping, by name:
+    what a killed fetch left, files put there by hand or by pyllm's tests run with PYLLM_CACHE."""
+    folder = hub.cache_dir()
+    try:
+        names = sorted(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as e:
+        raise PyllmError(f"cannot read pyllm's cache {folder}: {e}") from e
+    aliases_own = set()
+    for model in hub.ALIASES.values():
+        aliases_own |= {model.filename, f".{model.filename}.verified", f".{model.filename}.lock"}
+    entries = []
+    for name in names:
+        if name in aliases_own:
+            continue
+        path = os.path.join(folder, name)
+        if ".fetch-" in name:
+            what = "left by an interrupted fetch"
+        else:
+            what = "folder" if os.path.isdir(path) and not os.path.islink(path) else "file"
+        entries.append(Entry(name, what, _size_on_disk(path), path, "other"))
     return entries
 
 
@@ -122,8 +162,12 @@ def find(name: str) -> Entry:
             raise PyllmError(f"{name} ({model.description}) is not in the cache {hub.cache_dir()}: "
                              f"nothing to remove")
         return Entry(name.lower(), model.description, os.path.getsize(path), path, "alias")
+    for entry in others():
+        if entry.name == name:
+            return entry
     if not hf.is_repo_id(name):
-        raise PyllmError(f"{name!r} is neither an alias ({', '.join(sorted(hub.ALIASES))}) nor a Hugging Face "
+        raise PyllmError(f"{name!r} is neither an alias ({', '.join(sorted(hub.ALIASES))}), nor a name in "
+                         f"pyllm's cache {hub.cache_dir()} (`pyllm list` shows them), nor a Hugging Face "
                          f"id (owner/name): `pyllm rm` removes what pyllm downloaded, not other files")
     hub_module = hf.import_hub(f"removing {name} from the Hugging Face cache")
     _, repo = _cached_repo(hub_module, name)
@@ -138,6 +182,17 @@ def remove(entry: Entry) -> int:
     """Deletes what find() returned; returns the bytes freed."""
     if entry.kind == "alias":
         return hub.remove(hub.ALIASES[entry.name])
+    if entry.kind == "other":
+        try:
+            if os.path.isdir(entry.path) and not os.path.islink(entry.path):
+                shutil.rmtree(entry.path)
+            else:
+                os.remove(entry.path)
+        except FileNotFoundError:
+            return 0
+        except OSError as e:
+            raise PyllmError(f"cannot remove {entry.path}: {e}") from e
+        return entry.size
     hub_module = hf.import_hub(f"removing {entry.name} from the Hugging Face cache")
     info, repo = _cached_repo(hub_module, entry.name)
     if repo is None:

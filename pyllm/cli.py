@@ -9,8 +9,10 @@
     pyllm verify / inspect / perplexity   look inside a model (cli_inspect.py)
     pyllm serve [MODEL]      an OpenAI-compatible HTTP server (--host, --port, --parallel, --api-key;
                              needs pyllm[server])
-    pyllm list               the aliases, and the Hugging Face models in the HF cache pyllm can load
-    pyllm rm MODEL [--yes]   removes an alias's cached file, or a repository from the HF cache
+    pyllm list               the aliases, everything else in pyllm's cache (with sizes), and the Hugging
+                             Face models in the HF cache pyllm can load
+    pyllm rm NAME [--yes]    removes an alias's cached file, anything else pyllm list shows in pyllm's
+                             cache, or a repository from the HF cache
     pyllm --version
 
 Only generated text goes to stdout (`pyllm run ... > out.txt` holds the answer alone); fetching
@@ -213,16 +215,18 @@ def _list(args: argparse.Namespace) -> int:
     from . import cache
 
     entries = cache.aliases()
+    others = cache.others()
     models = cache.hf_models()
     rows = [("NAME", "WHAT", "SIZE", "CACHED", "PATH")]
-    for e in entries + (models or []):
+    for e in entries + others + (models or []):
         rows.append((", ".join(e.names) or e.name, e.what, hub.format_size(e.size) if e.size is not None else "?",
                      "yes" if e.path else "no", e.path or "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
     print()
-    print(f"pyllm's cache:        {hub.cache_dir()} (PYLLM_CACHE)")
+    held = sum(e.size for e in entries + others if e.path)
+    print(f"pyllm's cache:        {hub.cache_dir()} (PYLLM_CACHE), {hub.format_size(held)} in all")
     if models is None:
         print('Hugging Face cache:   not listed: huggingface_hub is not installed (pip install "pyllm[hub]")')
     else:
@@ -322,8 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     listing = sub.add_parser("list", help="the aliases, and the Hugging Face models in the HF cache pyllm can load")
     listing.set_defaults(func=_list)
 
-    rm = sub.add_parser("rm", help="remove a cached model: an alias's file, or a repository from the HF cache")
-    rm.add_argument("model", help="an alias (smollm2) or a Hugging Face id (owner/name)")
+    rm = sub.add_parser("rm", help="remove a cached model: an alias's file, anything else in pyllm's cache, or a "
+                                   "repository from the HF cache")
+    rm.add_argument("model", help="an alias (smollm2), a name pyllm list shows in pyllm's cache, or a Hugging Face "
+                                  "id (owner/name)")
     rm.add_argument("--yes", "-y", action="store_true", help="remove without asking (needed off a terminal)")
     rm.set_defaults(func=_rm)
 

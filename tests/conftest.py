@@ -10,13 +10,19 @@ import tempfile
 import numpy as np
 import pytest
 
-from pyllm import _core, hub
+# The tests' downloads and conversions (the real models, llama.cpp's sdist, a bf16 SmolLM2, tokenizers:
+# ~900 MB) go to a folder of their own, kept between runs so that nothing is fetched twice, and never
+# into the user's ~/.cache/pyllm. Set before pyllm runs: subprocesses the tests start inherit it.
+TEST_CACHE = os.path.expanduser(os.environ.get("PYLLM_TEST_CACHE") or "~/.cache/pyllm-tests")
+os.environ["PYLLM_CACHE"] = TEST_CACHE
+
+from pyllm import _core, hub  # noqa: E402
 
 TEXT_PATH = "/usr/share/common-licenses/GPL-3"
 
 
 def cache_dir() -> str:
-    return os.path.expanduser(os.environ.get("PYLLM_CACHE") or "~/.cache/pyllm")
+    return os.environ["PYLLM_CACHE"]
 
 
 def english_text() -> str:

@@ -12,8 +12,9 @@ family:
   get the real GPT-2 and Qwen2 vocabularies, rebuilt from the vocab-only GGUF files llama.cpp ships in the
   same sdist (`models/ggml-vocab-*.gguf`).
 
-The converter ships inside the llama-cpp-python sdist; it is fetched once through pip into the cache
-(`$PYLLM_CACHE` or ~/.cache/pyllm) and never vendored here.
+The converter ships inside the llama-cpp-python sdist; it is fetched once through pip into the tests'
+cache (`$PYLLM_CACHE`, which conftest.py sets to `$PYLLM_TEST_CACHE` or ~/.cache/pyllm-tests) and never
+vendored here.
 """
 from __future__ import annotations
 

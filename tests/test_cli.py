@@ -266,6 +266,29 @@ def test_list_shows_the_aliases_and_the_hf_models_pyllm_loads(caches):
     assert f"Hugging Face cache:   {caches.hf} (HF_HUB_CACHE or HF_HOME)" in out.stdout
 
 
+def test_list_shows_everything_in_pyllms_cache_with_sizes_and_rm_removes_it(caches):
+    """Not only the aliases' files: what tests, a killed fetch or a person left there is listed too,
+    with its size, and `pyllm rm` takes its name."""
+    (caches.pyllm / "sdist").mkdir()
+    (caches.pyllm / "sdist" / "llama_cpp_python-0.3.36.tar.gz").write_bytes(b"s" * 3000)
+    (caches.pyllm / "notes.txt").write_bytes(b"n" * 10)
+    (caches.pyllm / ".gemma-3-270m-q4_k_m.gguf.fetch-x1").mkdir()
+    (caches.pyllm / ".gemma-3-270m-q4_k_m.gguf.fetch-x1" / "0.whl").write_bytes(b"w" * 500)
+    out = pyllm_cmd("list", env=caches.env)
+    assert out.returncode == 0, out.stderr
+    rows = columns(out.stdout)
+    assert rows["sdist"] == [["folder", "3.0 kB", "yes", str(caches.pyllm / "sdist")]]
+    assert rows["notes.txt"] == [["file", "10 B", "yes", str(caches.pyllm / "notes.txt")]]
+    assert rows[".gemma-3-270m-q4_k_m.gguf.fetch-x1"] == [
+        ["left by an interrupted fetch", "500 B", "yes", str(caches.pyllm / ".gemma-3-270m-q4_k_m.gguf.fetch-x1")]]
+    assert f"pyllm's cache:        {caches.pyllm} (PYLLM_CACHE), 5.0 kB in all" in out.stdout  # + gemma3's 1.5 kB
+    out = pyllm_cmd("rm", "sdist", "--yes", env=caches.env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "removed sdist (3.0 kB freed)\n"
+    assert not (caches.pyllm / "sdist").exists() and (caches.pyllm / "notes.txt").exists()
+    assert "sdist" not in columns(pyllm_cmd("list", env=caches.env).stdout)
+
+
 def test_rm_off_a_terminal_needs_yes_then_removes_an_aliass_file(caches):
     target = caches.pyllm / "gemma-3-270m-q4_k_m.gguf"
     (caches.pyllm / ".gemma-3-270m-q4_k_m.gguf.verified").write_text("{}")

