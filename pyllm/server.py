@@ -193,11 +193,12 @@ class Server:
         return ids
 
     def check_fits(self, ids: list[int], param: str) -> None:
+        has = "make" if param == "messages" else "has"  # "the messages make", "the prompt has"
         if not ids:
-            raise APIError(400, f"the {param} has no tokens", param, "invalid_value")
+            raise APIError(400, f"the {param} {has} no tokens", param, "invalid_value")
         if len(ids) > self.model.n_ctx:
             raise APIError(400, f"This model's maximum context length is {self.model.n_ctx} tokens, but the "
-                                f"{param} has {len(ids)} tokens", param, "context_length_exceeded")
+                                f"{param} {has} {len(ids)} tokens", param, "context_length_exceeded")
 
     # ---- running jobs ---------------------------------------------------------------------------
 
@@ -220,8 +221,10 @@ class Server:
         except BaseException as e:
             self.cancel(jobs)
             if isinstance(e, QueueFullError):
+                slots = self.scheduler.slots
                 raise APIError(429, f"The server is busy: {self.scheduler.queued} requests are waiting for "
-                                    f"one of its {self.scheduler.slots} slots. Retry later.",
+                                    f"{'its one slot' if slots == 1 else f'one of its {slots} slots'}. "
+                                    f"Retry later.",
                                None, "queue_full", "rate_limit_error") from None
             if isinstance(e, ContextLengthError):
                 raise _context_error(e, "prompt") from None
@@ -302,8 +305,10 @@ def _json(data: dict) -> str:
 # ---- the app ---------------------------------------------------------------------------------------
 
 
-def create_app(model, source: str, *, api_key: str | None = None, max_queue: int = 64) -> FastAPI:
-    """The FastAPI app serving model under the name source (an alias, id or path)."""
+def create_app(model, source: str, *, api_key: str | None = None, max_queue: int = 64,
+               chat_template: str | None = None) -> FastAPI:
+    """The FastAPI app serving model under the name source (an alias, id or path); chat_template
+    replaces the model's own for chat requests."""
     server = Server(model, source, max_queue)
 
     @asynccontextmanager
@@ -361,8 +366,12 @@ def create_app(model, source: str, *, api_key: str | None = None, max_queue: int
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest, request: Request):
         server.check_model(req.model)
+        if not (chat_template or model.tokenizer.chat_template):
+            raise APIError(400, f"the model {server.id} has no chat template, so chat messages cannot be "
+                                f"rendered: send a prompt to /v1/completions, or start the server with "
+                                f"`pyllm serve --chat-template FILE`", "messages", "invalid_value")
         try:
-            prompt = model.render_chat([m.as_dict() for m in req.messages])
+            prompt = model.render_chat([m.as_dict() for m in req.messages], chat_template)
         except (ChatTemplateError, ChatMessageError) as e:
             raise APIError(400, str(e), "messages", "invalid_value") from None
         ids = server.tokenize(prompt, "messages", add_special=False)  # as Model.chat does
@@ -419,8 +428,24 @@ def _model_card(server: Server) -> dict:
     return {"id": server.id, "object": "model", "created": server.created, "owned_by": "pyllm"}
 
 
+def _content_part_error(errors) -> APIError | None:
+    """A chat content part of a type other than text (an image, audio, a file), said plainly rather
+    than as pydantic's account of each form of content it is not."""
+    for e in errors:
+        loc = [x for x in e["loc"] if x != "body"]
+        if (len(loc) == 6 and loc[0] == "messages" and loc[2] == "content" and loc[5] == "type"
+                and e["type"] == "literal_error"):
+            return APIError(400, f"messages[{loc[1]}].content[{loc[4]}] is a part of type {e['input']!r}: this "
+                                 f"server runs a text-only model, whose messages hold text (a string, or "
+                                 f"parts of type 'text')", "messages", "invalid_value")
+    return None
+
+
 def validation_error(errors) -> APIError:
     """pydantic's errors as one 400 naming the first parameter at fault."""
+    part = _content_part_error(errors)
+    if part is not None:
+        return part
     first = errors[0]
     if first["type"] == "json_invalid":
         return APIError(400, "We could not parse the JSON body of your request: "
@@ -565,10 +590,10 @@ async def _stream(server: Server, jobs: list[Job], events: asyncio.Queue, rid: s
 
 
 def serve(model, source: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          max_queue: int = 64, log_level: str = "info") -> None:
+          max_queue: int = 64, log_level: str = "info", chat_template: str | None = None) -> None:
     """Serves model until interrupted (Ctrl-C or SIGTERM)."""
     import uvicorn
 
-    app = create_app(model, source, api_key=api_key, max_queue=max_queue)
+    app = create_app(model, source, api_key=api_key, max_queue=max_queue, chat_template=chat_template)
     # open streams are closed after a few seconds at shutdown instead of running to their end
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=3)
