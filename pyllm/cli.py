@@ -1,14 +1,15 @@
 """The `pyllm` command: run a prompt, chat, or describe a model.
 
     pyllm run [MODEL] PROMPT [--max-tokens N --temperature T --top-k K --top-p P --min-p P
-                              --seed S --stop STR ...]
-    pyllm chat [MODEL]       interactive; /reset clears the history, Ctrl-C stops an answer,
-                             Ctrl-D quits; --chat-template FILE for a model without one
+                              --repetition-penalty R --seed S --stop STR ... --dtype D --verbose]
+    pyllm chat [MODEL]       interactive (cli_chat.py); /help lists its commands, Ctrl-C stops an
+                             answer, Ctrl-D quits; --chat-template FILE for a model without one
     pyllm info [MODEL]       architecture, parameters, dtypes, context, vocabulary, chat template
     pyllm info --system      this machine: CPU features, kernels (ISA) in use, BLAS, threads, versions
     pyllm verify / inspect / perplexity   look inside a model (cli_inspect.py)
-    pyllm serve [MODEL]      an OpenAI-compatible HTTP server (--host, --port, --parallel, --api-key;
-                             needs pyllm[server])
+    pyllm serve [MODEL]      an OpenAI-compatible HTTP server (--host, --port, --parallel, --api-key,
+                             --chat-template; needs pyllm[server]); exits with 3 when it cannot listen
+    pyllm pull [MODEL]       fetches a model into the cache without running it; prints its path
     pyllm list               the aliases, everything else in pyllm's cache (with sizes), and the Hugging
                              Face models in the HF cache pyllm can load
     pyllm rm NAME [--yes]    removes an alias's cached file, anything else pyllm list shows in pyllm's
@@ -21,11 +22,14 @@ reports and errors go to stderr.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
+import time
 from collections import Counter
 
-from . import cli_inspect, hub
+from . import cli_chat, cli_inspect, hub
 from .errors import PyllmError
 from .version import __version__
 
@@ -41,6 +45,13 @@ def _count(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 1 to 65535."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, got {text!r}")
+    return int(text)
+
+
 def _sampling(args: argparse.Namespace) -> dict:
     settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                 "min_p": args.min_p, "repetition_penalty": args.repetition_penalty, "seed": args.seed}
@@ -51,8 +62,9 @@ def load_model(args: argparse.Namespace, **settings):
     """The model the command names, with --file/--revision for a Hugging Face id."""
     from .loader import load
 
-    settings.setdefault("threads", args.threads)
+    settings.setdefault("threads", getattr(args, "threads", None))
     settings.setdefault("n_ctx", getattr(args, "n_ctx", None))
+    settings.setdefault("dtype", getattr(args, "dtype", None))
     settings.setdefault("kv_dtype", getattr(args, "kv_dtype", None))
     return load(args.model, file=args.file, revision=args.revision, **settings)
 
@@ -64,105 +76,23 @@ def _write(piece: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     llm = load_model(args)
+    stream = llm.stream(args.prompt, max_tokens=args.max_tokens, stop=args.stop or None, **_sampling(args))
+    started, first = time.perf_counter(), None
     try:
-        for piece in llm.stream(args.prompt, max_tokens=args.max_tokens, stop=args.stop or None,
-                                **_sampling(args)):
+        for piece in stream:
+            first = first or time.perf_counter()
             _write(piece)
     except KeyboardInterrupt:
         _write("\n")  # end the line, so the shell's prompt starts on its own
         return 130
     _write("\n")
+    if args.verbose:
+        print(cli_chat.speed(stream.usage, started, first), file=sys.stderr, flush=True)
     return 0
 
 
-def _chat_template(args: argparse.Namespace, llm) -> str | None:
-    """The template to chat with (--chat-template FILE, else the model's own), tried on a first
-    message so that a missing or broken one is reported before the user types anything."""
-    template = None
-    if args.chat_template:
-        try:
-            with open(args.chat_template, encoding="utf-8") as f:
-                template = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise PyllmError(f"cannot read --chat-template {args.chat_template}: {e}") from None
-    elif not llm.tokenizer.chat_template:
-        raise PyllmError(f"{llm.source} has no chat template: give one with --chat-template FILE "
-                         f"(a Jinja file, such as a Hugging Face model's chat_template.jinja)")
-    first = ([{"role": "system", "content": args.system}] if args.system else []) + [
-        {"role": "user", "content": "Hello"}]
-    llm.render_chat(first, template)
-    return template
-
-
-def _fit_context(llm, history: list[dict], template: str | None, keep: int, room: int) -> tuple[int, int]:
-    """Drops the oldest turns after the first keep messages (the system prompt) until the prompt
-    leaves room tokens for the answer, or only the newest message is left. Returns how many turns
-    were dropped and the prompt's length in tokens."""
-    dropped = 0
-    while True:
-        size = len(llm.tokenize(llm.render_chat(history, template), add_special=False))
-        if size + room <= llm.n_ctx or len(history) <= keep + 1:
-            return dropped, size
-        del history[keep]
-        while len(history) > keep + 1 and history[keep]["role"] != "user":
-            del history[keep]  # the answer of the dropped question goes with it
-        dropped += 1
-
-
 def _chat(args: argparse.Namespace) -> int:
-    llm = load_model(args)
-    template = _chat_template(args, llm)
-    try:
-        import readline  # noqa: F401  (input() then edits the line and recalls earlier ones)
-    except ImportError:  # Windows has none
-        pass
-    history: list[dict] = []
-    if args.system:
-        history.append({"role": "system", "content": args.system})
-    keep = len(history)
-    room = min(args.max_tokens, llm.n_ctx // 2)  # the answer's share when old turns must go
-    print("pyllm chat: /reset clears the conversation, Ctrl-C stops an answer, Ctrl-D quits.")
-    while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            print()
-            return 0
-        except KeyboardInterrupt:
-            print()
-            continue
-        if not line.strip():
-            continue
-        if line.strip() == "/reset":
-            history = history[:1] if args.system else []
-            print("(conversation cleared)")
-            continue
-        history.append({"role": "user", "content": line})
-        dropped, size = _fit_context(llm, history, template, keep, room)
-        if dropped:
-            print(f"(the context holds {llm.n_ctx} tokens: dropped the oldest {dropped} "
-                  f"turn{'s' if dropped > 1 else ''})")
-        if size >= llm.n_ctx:
-            print(f"(that message makes a prompt of {size} tokens and the context holds "
-                  f"{llm.n_ctx}: not sent)")
-            history.pop()
-            continue
-        answer = []
-        stream = llm.chat(history, stream=True, chat_template=template, max_tokens=args.max_tokens,
-                          **_sampling(args))
-        try:
-            for piece in stream:
-                answer.append(piece)
-                _write(piece)
-        except KeyboardInterrupt:
-            _write(" [stopped]")
-        if stream.finish_reason == "length":
-            if stream.usage["completion_tokens"] < args.max_tokens:
-                _write(" [cut: the context is full]")
-            else:
-                _write(" [cut: --max-tokens]")
-        _write("\n")
-        history.append({"role": "assistant", "content": "".join(answer)})
+    return cli_chat.run(args, load_model(args), _sampling(args))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -173,13 +103,51 @@ def _serve(args: argparse.Namespace) -> int:
             raise
         raise PyllmError(f'pyllm serve needs FastAPI, uvicorn and sse-starlette ({e.name} is not installed): '
                          f'pip install "pyllm[server]"') from None
+    problem = _port_problem(args.host, args.port)  # before the model loads, and before the banner
+    if problem:
+        print(f"pyllm: error: cannot listen on {args.host} port {args.port}: {problem}", file=sys.stderr)
+        return PORT_UNAVAILABLE
+    template = cli_chat.read_template(args.chat_template) if args.chat_template else None
     llm = load_model(args, parallel=args.parallel)
+    if template is not None:
+        llm.render_chat([{"role": "user", "content": "Hello"}], template)  # a broken one fails here, not per request
     api_key = args.api_key if args.api_key is not None else os.environ.get("PYLLM_API_KEY") or None
-    print(f"pyllm serve: {llm.source} on http://{args.host}:{args.port}/v1 ({args.parallel} slots, "
+    slots = f"{args.parallel} slot{'s' if args.parallel != 1 else ''}"
+    print(f"pyllm serve: {llm.source} on http://{args.host}:{args.port}/v1 ({slots}, "
           f"n_ctx {llm.n_ctx}, {llm.kv_dtype} KV cache, {llm.threads} threads{', API key required' if api_key else ''})",
           file=sys.stderr, flush=True)
     server.serve(llm, args.model, host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
-                 log_level=args.log_level)
+                 log_level=args.log_level, chat_template=template)
+    return 0
+
+
+PORT_UNAVAILABLE = 3  # pyllm serve's exit status when it cannot listen on --host/--port
+
+
+def _port_problem(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (in use, not this machine's address, a privileged
+    port), or None: tried with a bind as uvicorn's (SO_REUSEADDR), released at once."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        return f"--host {host} is not an address of this machine ({e.strerror})"
+    with socket.socket(family, kind, proto) as s:
+        if os.name != "nt":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return "the port is in use (another server?): choose another with --port"
+            return e.strerror or str(e)
+    return None
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from .hub import resolve
+
+    print(resolve(args.model, file=args.file, revision=args.revision))
     return 0
 
 
@@ -254,20 +222,28 @@ def _rm(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `pyllm` command's parser: one subparser per command, its func set to what runs it."""
     parser = argparse.ArgumentParser(prog="pyllm", description="Fast CPU inference of language models.")
     parser.add_argument("--version", action="version", version=f"pyllm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def model_arg(p):
+    def model_arg(p, runs: bool = True):
+        """MODEL and how to find it; with runs, the settings of a model that computes (not pyllm info's)."""
         p.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL,
                        help=f"model folder, .gguf file, alias or Hugging Face id (default {hub.DEFAULT_MODEL})")
-        p.add_argument("--file", default=None,
+        p.add_argument("--file", metavar="GLOB", default=None,
                        help="with a Hugging Face id: a glob choosing the .gguf file (\"*Q4_K_M.gguf\")")
         p.add_argument("--revision", default=None, help="with a Hugging Face id: a branch, tag or commit")
-        p.add_argument("--threads", type=_count, default=None, help="default: physical cores")
-        p.add_argument("--n-ctx", type=_count, default=None,
-                       help="context length to allocate (default: the model's, at most 4096)")
+        if runs:
+            p.add_argument("--threads", type=_count, default=None, help="default: physical cores")
+            p.add_argument("--n-ctx", type=_count, default=None,
+                           help="context length to allocate (default: the model's, at most 4096)")
+
+    def dtype_arg(p):
+        p.add_argument("--dtype", default=None,
+                       help="re-encode the weights at load: q8_0, q4_0, q4_1, q5_0, q4_k, bf16, f16, f32, ... "
+                            "(default: as stored)")
 
     def kv_dtype_arg(p):
         p.add_argument("--kv-dtype", choices=["f32", "f16", "q8_0"], default=None,
@@ -288,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("prompt", help="the text to continue")
     sampling_args(run, 128)
     run.add_argument("--stop", action="append", help="stop before this text (repeatable)")
+    dtype_arg(run)
     kv_dtype_arg(run)
+    run.add_argument("--verbose", "-v", action="store_true",
+                     help="after the text, print the token counts and speeds on stderr")
     run.set_defaults(func=_run)
 
     chat = sub.add_parser("chat", help="talk to a chat model")
@@ -297,14 +276,17 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--system", default=None, help="a system prompt")
     chat.add_argument("--chat-template", metavar="FILE", default=None,
                       help="a Jinja chat template, for a model without one (or to replace its own)")
+    dtype_arg(chat)
     kv_dtype_arg(chat)
+    chat.add_argument("--verbose", "-v", action="store_true",
+                      help="after each answer, print the token counts and speeds on stderr")
     chat.set_defaults(func=_chat)
 
     serve = sub.add_parser("serve", help="serve a model over OpenAI's HTTP API (needs pyllm[server])")
     model_arg(serve)
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for all)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--parallel", type=_count, default=4,
                        help="sequences generated at once, each with a KV cache of n_ctx (default 4)")
     serve.add_argument("--max-queue", type=_count, default=64,
@@ -312,16 +294,24 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--api-key", default=None,
                        help="require Authorization: Bearer KEY (default: $PYLLM_API_KEY, else none)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument("--chat-template", metavar="FILE", default=None,
+                       help="a Jinja chat template for /v1/chat/completions, for a model without one (or to "
+                            "replace its own)")
+    dtype_arg(serve)
     kv_dtype_arg(serve)
     serve.set_defaults(func=_serve)
 
     info = sub.add_parser("info", help="describe a model")
-    model_arg(info)
+    model_arg(info, runs=False)
     info.add_argument("--system", action="store_true",
                       help="describe this machine and the kernels pyllm picked instead (MODEL is not loaded)")
     info.set_defaults(func=_info)
 
     cli_inspect.add_commands(sub, model_arg, load_model)  # verify, inspect, perplexity
+
+    pull = sub.add_parser("pull", help="fetch a model into the cache without running it; prints its path")
+    model_arg(pull, runs=False)
+    pull.set_defaults(func=_pull)
 
     listing = sub.add_parser("list", help="the aliases, and the Hugging Face models in the HF cache pyllm can load")
     listing.set_defaults(func=_list)
@@ -333,7 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     rm.add_argument("--yes", "-y", action="store_true", help="remove without asking (needed off a terminal)")
     rm.set_defaults(func=_rm)
 
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (PyllmError, ValueError) as e:

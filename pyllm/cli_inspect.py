@@ -104,7 +104,7 @@ def add_commands(sub, model_arg: Callable, load_model: Callable) -> None:
 
     ppl = sub.add_parser("perplexity", help="perplexity of a text file")
     model_arg(ppl)
-    ppl.add_argument("text_file", metavar="FILE", help="a UTF-8 text file")  # --file picks a model file
+    ppl.add_argument("text_file", metavar="TEXT_FILE", help="a UTF-8 text file to score")
     ppl.add_argument("--window", type=int, default=None, help="tokens per window (default: the context)")
     ppl.add_argument("--stride", type=int, default=None, help="tokens a window advances (default window/2)")
     ppl.add_argument("--json", action="store_true")
