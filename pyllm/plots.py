@@ -17,6 +17,8 @@ import numpy as np
 from .errors import PyllmError
 
 MAX_PANELS = 64  # attention panels per figure: more are unreadable
+MAX_COLUMNS = 6  # attention panels a row: more heads wrap onto the next rows, a grid rather than a strip
+MAX_TICKS = 24  # token labels an attention panel's axis holds legibly
 MAX_LENS_TOKENS = 48  # positions a logit-lens grid can label legibly
 
 
@@ -43,7 +45,8 @@ def _name(llm) -> str:
 
 def attention(llm, prompt, layers=None, heads=None):
     """Attention probabilities of the given layers (default: the first and last) and heads
-    (default: all), one heatmap per (layer, head): queries down, keys across, tokens as labels."""
+    (default: all), one heatmap per (layer, head): queries down, keys across, tokens as labels. The
+    panels of a layer fill rows of at most MAX_COLUMNS heads; each layer starts a new row."""
     n_layers = llm.spec.n_layers
     layers = [0, n_layers - 1] if layers is None else layers
     trace = llm.trace(prompt, layers=sorted(set(layers), key=list(layers).index), capture=("attn",))
@@ -58,23 +61,31 @@ def attention(llm, prompt, layers=None, heads=None):
                          f"choose layers or heads")
     labels = [label(t) for t in trace.tokens]
     n = len(labels)
-    cols = len(heads)
-    size = max(2.2, min(5.0, 0.22 * n + 1.0))
-    fig = _figure(size * cols + 1.2, size * len(trace.layers))
-    axes = fig.subplots(len(trace.layers), cols, squeeze=False)
+    cols = min(len(heads), MAX_COLUMNS)
+    rows_per_layer = math.ceil(len(heads) / cols)
+    rows = rows_per_layer * len(trace.layers)
+    # inches a panel: ~0.13 in a labelled token, as 6 pt type needs
+    size = max(1.6, min(3.4, 0.13 * min(n, MAX_TICKS) + 0.8))
+    fig = _figure(size * cols + 1.6, (size + 0.5) * rows + 0.6)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    step = math.ceil(n / MAX_TICKS)  # a long prompt labels every step-th token, so labels never overlap
+    ticks = np.arange(0, n, step)
+    shown = [labels[i] for i in ticks]
     image = None
     for r, layer in enumerate(trace.layers):
-        for c, h in enumerate(heads):
-            ax = axes[r][c]
+        for i, h in enumerate(heads):
+            ax = axes[r * rows_per_layer + i // cols][i % cols]
             image = ax.imshow(probs[r, h], vmin=0.0, vmax=1.0, cmap="viridis", aspect="equal")
-            ax.set_title(f"layer {layer} head {h}", fontsize=9)
-            ticks = np.arange(n)
-            ax.set_xticks(ticks, labels, rotation=90, fontsize=6)
-            ax.set_yticks(ticks, labels, fontsize=6)
-            ax.set_xlabel("key", fontsize=7)
-            ax.set_ylabel("query", fontsize=7)
-    fig.colorbar(image, ax=axes, shrink=0.8, label="attention probability")
-    fig.suptitle(f"attention: {_name(llm)}")
+            ax.set_title(f"layer {layer} head {h}", fontsize=8)
+            ax.set_xticks(ticks, shown, rotation=90, fontsize=6)
+            # queries are labelled once per row, at its left; the keys under every panel
+            ax.set_yticks(ticks, shown if i % cols == 0 else [], fontsize=6)
+            if i % cols == 0:
+                ax.set_ylabel("query", fontsize=7)
+        for i in range(len(heads), rows_per_layer * cols):  # the empty end of the layer's last row
+            axes[r * rows_per_layer + i // cols][i % cols].set_axis_off()
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention probability")
+    fig.suptitle(f"attention: {_name(llm)} (rows: queries, columns: keys)")
     return fig
 
 

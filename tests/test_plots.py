@@ -45,6 +45,58 @@ def test_attention_panels_per_layer_and_head(model, tmp_path):
     _png(tmp_path / "attention.png")
 
 
+@pytest.fixture(scope="module")
+def many_heads(tmp_path_factory):
+    """A tiny Llama with 18 heads a layer, as the issue's model had."""
+    from conftest import make_tiny_checkpoint
+
+    folder = make_tiny_checkpoint(str(tmp_path_factory.mktemp("heads")), hidden_size=144, num_attention_heads=18,
+                                  num_key_value_heads=6, num_hidden_layers=2)
+    return pyllm.load(folder, threads=2)
+
+
+def _renderer(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def _overlaps(boxes) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes)) if boxes[i].overlaps(boxes[j])]
+
+
+def test_many_heads_make_a_grid_with_readable_labels_and_titles_apart(many_heads, tmp_path):
+    fig = plots.attention(many_heads, PROMPT)  # the first and last layer, all 18 heads: 36 panels
+    panels = [ax for ax in fig.axes if ax.images and ax.get_label() != "<colorbar>"]
+    assert len(panels) == 36
+    columns = {round(ax.get_position().x0, 3) for ax in panels}
+    rows = {round(ax.get_position().y0, 3) for ax in panels}
+    assert len(columns) == plots.MAX_COLUMNS and len(rows) == 6  # 3 rows of 6 heads a layer, not a strip
+    plots.save(fig, tmp_path / "heads.png")
+    image = _png(tmp_path / "heads.png")
+    assert 0.5 <= image.shape[0] / image.shape[1] <= 2 and image.shape[1] <= 2600
+    renderer = _renderer(fig)
+    titles = [ax.title.get_window_extent(renderer) for ax in panels]
+    assert _overlaps(titles) == []
+    for ax in panels:
+        keys = [t for t in ax.get_xticklabels() if t.get_text()]
+        assert len(keys) == len(many_heads.tokenize(PROMPT)) and all(t.get_fontsize() >= 6 for t in keys)
+        assert _overlaps([t.get_window_extent(renderer) for t in keys]) == []
+
+
+def test_a_long_prompt_labels_every_few_tokens_without_overlap(model):
+    _, llm = model
+    text = "The capital of France is Paris, and the capital of Germany is Berlin. " * 5
+    fig = plots.attention(llm, text, layers=[0], heads=[0])
+    renderer = _renderer(fig)
+    ax = next(a for a in fig.axes if a.images)
+    keys = [t for t in ax.get_xticklabels() if t.get_text()]
+    assert len(llm.tokenize(text)) > plots.MAX_TICKS >= len(keys) > plots.MAX_TICKS // 2
+    assert _overlaps([t.get_window_extent(renderer) for t in keys]) == []
+
+
 def test_logit_lens_grid(model, tmp_path):
     _, llm = model
     fig = plots.logit_lens(llm, PROMPT)
