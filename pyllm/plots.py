@@ -78,6 +78,7 @@ def attention(llm, prompt, layers=None, heads=None):
             image = ax.imshow(probs[r, h], vmin=0.0, vmax=1.0, cmap="viridis", aspect="equal")
             ax.set_title(f"layer {layer} head {h}", fontsize=8)
             ax.set_xticks(ticks, shown, rotation=90, fontsize=6)
+            ax.set_xlabel("key", fontsize=7)
             # queries are labelled once per row, at its left; the keys under every panel
             ax.set_yticks(ticks, shown if i % cols == 0 else [], fontsize=6)
             if i % cols == 0:
@@ -85,7 +86,7 @@ def attention(llm, prompt, layers=None, heads=None):
         for i in range(len(heads), rows_per_layer * cols):  # the empty end of the layer's last row
             axes[r * rows_per_layer + i // cols][i % cols].set_axis_off()
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention probability")
-    fig.suptitle(f"attention: {_name(llm)} (rows: queries, columns: keys)")
+    fig.suptitle(f"attention: {_name(llm)}")
     return fig
 
 
