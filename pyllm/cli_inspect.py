@@ -4,7 +4,7 @@
                            the component ladder against transformers; exit 1 at a divergence
     pyllm inspect [MODEL] PROMPT --plot attention|logit-lens|entropy --out FILE.png
                            [--layers ...] [--heads ...]
-    pyllm perplexity [MODEL] FILE [--window N] [--stride N] [--json]
+    pyllm perplexity [MODEL] TEXT_FILE [--window N] [--stride N] [--json]
                            perplexity of a text file, in sliding windows past the context
 """
 from __future__ import annotations
