@@ -9,6 +9,8 @@
     pyllm verify / inspect / perplexity   look inside a model (cli_inspect.py)
     pyllm serve [MODEL]      an OpenAI-compatible HTTP server (--host, --port, --parallel, --api-key;
                              needs pyllm[server])
+    pyllm batch IN OUT --model M   OpenAI Batch requests (JSONL) through the server's engine, results to OUT;
+                             run again to resume; --ray [ADDRESS] on Ray Data (batch_jobs.py, batch_ray.py)
     pyllm list               the aliases, and the Hugging Face models in the HF cache pyllm can load
     pyllm rm MODEL [--yes]   removes an alias's cached file, or a repository from the HF cache
     pyllm --version
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections import Counter
 
 from . import cli_inspect, hub
@@ -181,6 +184,31 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _batch(args: argparse.Namespace) -> int:
+    from . import batch_jobs
+
+    started = time.monotonic()
+    if args.ray is None:
+        runner = batch_jobs.Runner(load_model(args, parallel=args.parallel), args.model)
+        results, close = runner.run, runner.close
+    else:
+        from .batch_ray import ray_results
+
+        settings = {"file": args.file, "revision": args.revision, "n_ctx": args.n_ctx, "kv_dtype": args.kv_dtype}
+        results = ray_results(args.model, address=args.ray or None, actors=args.actors,
+                              cpus_per_actor=args.cpus_per_actor, parallel=args.parallel,
+                              **{k: v for k, v in settings.items() if v is not None})
+        close = None
+    try:
+        count = batch_jobs.run_file(args.input, args.output, results)
+    finally:
+        if close is not None:
+            close()
+    print(f"pyllm batch: {count} requests run in {time.monotonic() - started:.1f} s; results in {args.output}",
+          file=sys.stderr)
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
     if args.system:
         from .system import system_lines
@@ -310,6 +338,30 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     kv_dtype_arg(serve)
     serve.set_defaults(func=_serve)
+
+    batch = sub.add_parser("batch", help="run a file of OpenAI Batch requests (JSONL), here or on Ray "
+                                         "(needs pyllm[server], and pyllm[ray] for --ray)")
+    batch.add_argument("input", metavar="IN", help="requests, one a line: custom_id, method, url, body")
+    batch.add_argument("output", metavar="OUT", help="results, one a line, in the order they finish; run again "
+                                                     "with the same files to run only what OUT lacks")
+    batch.add_argument("--model", default=hub.DEFAULT_MODEL,
+                       help=f"model folder, .gguf file, alias or Hugging Face id (default {hub.DEFAULT_MODEL})")
+    batch.add_argument("--file", default=None, help="with a Hugging Face id: a glob choosing the .gguf file")
+    batch.add_argument("--revision", default=None, help="with a Hugging Face id: a branch, tag or commit")
+    batch.add_argument("--threads", type=_count, default=None, help="default: physical cores (with --ray, "
+                                                                    "an actor's threads are its CPUs)")
+    batch.add_argument("--n-ctx", type=_count, default=None,
+                       help="context length to allocate (default: the model's, at most 4096)")
+    batch.add_argument("--parallel", type=_count, default=4,
+                       help="requests generated at once (by each Ray actor), each with a KV cache (default 4)")
+    batch.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                       help="run on Ray Data: on the cluster at ADDRESS, else on the one ray.init() finds or starts")
+    batch.add_argument("--actors", type=_count, default=None,
+                       help="with --ray: models loaded at once (default: as many as the CPUs hold)")
+    batch.add_argument("--cpus-per-actor", type=_count, default=None,
+                       help="with --ray: each actor's CPUs, its threads (default: the cluster's CPUs / actors)")
+    kv_dtype_arg(batch)
+    batch.set_defaults(func=_batch)
 
     info = sub.add_parser("info", help="describe a model")
     model_arg(info)
