@@ -3,12 +3,16 @@ Runner of batch_jobs (the engine of `pyllm serve`), its threads the CPUs Ray giv
 
     pip install "pyllm[ray]"
 
->>> import ray
->>> from pyllm.batch_ray import map_requests
->>> with open("requests.jsonl") as f:                                     # doctest: +SKIP
-...     ds = ray.data.from_items([{"number": n, "text": line} for n, line in enumerate(f, 1)])
->>> results = map_requests(ds, "smollm2", actors=4, cpus_per_actor=8)  # doctest: +SKIP
->>> results.write_json("results/")   # rows {"number", "result"}: the result line's JSON  # doctest: +SKIP
+    import ray
+    from pyllm.batch_ray import map_requests
+
+    with open("requests.jsonl") as f:
+        ds = ray.data.from_items([{"number": n, "text": line} for n, line in enumerate(f, 1)])
+    results = map_requests(ds, "smollm2", actors=4, cpus_per_actor=8)
+    results.write_json("results/")  # rows {"number", "result"}: the result line's JSON
+
+`pyllm batch IN OUT --ray` does the same from the command line, writing one JSONL file that a
+second run completes (batch_jobs.run_file).
 
 Ray restarts an actor that dies (a killed process, a lost node) and runs its batch again on the new
 one (Ray Data's defaults for actors: max_restarts and max_task_retries -1); the file job keeps one
@@ -23,8 +27,10 @@ from collections.abc import Iterator
 import numpy as np
 
 from .batch_jobs import Entry, Runner, line_number, parse_line, result_line
+from .errors import PyllmError
 
 ROWS_PER_SLOT = 4  # a Ray batch holds this many requests per slot: the engine stays full between batches
+ACTOR_CPUS = 8  # an actor's CPUs unless told: as many as most nodes have to give one actor
 
 
 class BatchActor:
@@ -50,16 +56,17 @@ class BatchActor:
 def map_requests(ds, source: str, *, actors: int | None = None, cpus_per_actor: int | None = None,
                  parallel: int = 4, batch_size: int | None = None, **load_settings):
     """The Ray dataset of results of ds, a dataset of request lines ("text") and their line numbers
-    ("number", the N of the result's id batch_req_N). actors: the pool's size (default: as many as the cluster's CPUs hold);
-    cpus_per_actor: each actor's CPUs, its model's threads (default: the cluster's CPUs shared by
-    the actors). The model source must load on every node (an alias, a hub id, or a path they share)."""
+    ("number", the N of the result's id batch_req_N).
+
+    actors: the pool's size (default: as many as the cluster's CPUs hold); cpus_per_actor: each
+    actor's CPUs, its model's threads (default: the cluster's CPUs shared by the actors, else
+    ACTOR_CPUS). The model source must load on every node (an alias, a hub id, or a path they share)."""
     import ray
 
     cpus = int(ray.cluster_resources().get("CPU", 1))
     if cpus_per_actor is None:
-        cpus_per_actor = max(1, cpus // (actors or 1)) if actors else min(cpus, 8)
-    if actors is None:
-        actors = max(1, cpus // cpus_per_actor)
+        cpus_per_actor = max(1, cpus // actors) if actors else min(cpus, ACTOR_CPUS)
+    actors = actors or max(1, cpus // cpus_per_actor)
     return ds.map_batches(BatchActor, fn_constructor_kwargs={"source": source, "parallel": parallel,
                                                              "load_settings": load_settings},
                           batch_size=batch_size or ROWS_PER_SLOT * parallel, batch_format="numpy",
@@ -70,7 +77,10 @@ def ray_results(source: str, *, address: str | None = None, **settings):
     """A results function for batch_jobs.run_file: the entries run on Ray (ray.init(address) unless
     Ray is already initialized), their result lines streamed back as the actors finish them. Lines
     that cannot be run are answered here, without a trip to the cluster."""
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise PyllmError('pyllm batch --ray needs Ray Data: pip install "pyllm[ray]"') from None
 
     def results(entries: list[Entry]) -> Iterator[dict]:
         if not ray.is_initialized():
