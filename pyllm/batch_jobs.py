@@ -64,7 +64,8 @@ def parse_line(number: int, line) -> Entry:
                                                                     f"got {line.get('url')!r}"))
     if "body" not in line:
         return Entry(number, custom_id, error=_error("missing_body", "the request has no body"))
-    return Entry(number, custom_id, line["url"], json.dumps(line["body"], ensure_ascii=False).encode())
+    # ASCII JSON: a lone surrogate ("\ud800") stays an escape, for the server to refuse as it would
+    return Entry(number, custom_id, line["url"], json.dumps(line["body"]).encode())
 
 
 def read_entries(lines: Iterable) -> Iterator[Entry]:
@@ -284,7 +285,7 @@ def read_done(out_path: str) -> dict[int, str | None]:
 def pending_entries(in_path: str, done: dict[int, str | None]) -> tuple[list[Entry], int]:
     """(the entries of IN that OUT does not answer yet, how many IN holds in all); OUT must answer
     requests of this IN: the same custom_id at each line number it answers."""
-    with open(in_path, encoding="utf-8", errors="replace") as f:
+    with open(in_path, "rb") as f:  # a line that is not UTF-8 is an invalid_json_line, not altered
         entries = list(read_entries(f))
     numbers = {e.number: e.custom_id for e in entries}
     for number, custom_id in done.items():
@@ -308,7 +309,7 @@ def run_file(in_path: str, out_path: str, results, progress: bool = True) -> int
                 if number in written:  # a retried task's second answer: one line per request
                     continue
                 written.add(number)
-                out.write(json.dumps(result, ensure_ascii=False).encode() + b"\n")
+                out.write(json.dumps(result).encode() + b"\n")  # ASCII: any custom_id can be written
                 out.flush()
                 if bar is not None:
                     bar.update(result)

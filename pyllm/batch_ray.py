@@ -50,7 +50,7 @@ class BatchActor:
         entries = [parse_line(int(n), t) for n, t in zip(rows["number"], rows["text"])]
         results = list(self.runner.run(entries))
         return {"number": np.array([line_number(r) for r in results], dtype=np.int64),
-                "result": np.array([json.dumps(r, ensure_ascii=False) for r in results], dtype=object)}
+                "result": np.array([json.dumps(r) for r in results], dtype=object)}
 
 
 def map_requests(ds, source: str, *, actors: int | None = None, cpus_per_actor: int | None = None,

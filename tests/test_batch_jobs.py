@@ -25,8 +25,9 @@ from tiny_generation import write_checkpoint
 N_REQUESTS = 200
 PROMPTS = ["The wheel is built once", "a", "Its core picks the widest vector instructions that the processor offers",
            "A small model made of random numbers cannot say anything true, but it can prove that every matrix"]
-# Lines that cannot be run: each gets an error line with its code, and the job goes on.
-MALFORMED = [('{"custom_id": "cut", "method": "POST", "url": "/v1/com', "invalid_json_line", None),
+# Lines that cannot be run (the first is cut short and not UTF-8): each gets an error line with its
+# code, and the job goes on.
+MALFORMED = [(b'{"custom_id": "cut", "method": "POST", "url": "/v1/com\xff', "invalid_json_line", None),
              ({"method": "POST", "url": "/v1/completions", "body": {}}, "missing_custom_id", None),
              ({"custom_id": "get", "method": "GET", "url": "/v1/completions", "body": {}}, "invalid_method", "get"),
              ({"custom_id": "img", "method": "POST", "url": "/v1/images/generations", "body": {}}, "invalid_url",
@@ -77,6 +78,7 @@ def request_bodies(model: str) -> list[tuple[str, dict]]:
     out[20] = ("/v1/completions", {"model": model, "prompt": "x", "temperature": "hot"})
     out[30] = ("/v1/completions", {"model": "gpt-4o", "prompt": "x"})
     out[40] = ("/v1/embeddings", {"model": model, "input": "x", "frobnicate": 1})
+    out[50] = ("/v1/completions", {"model": model, "prompt": "a lone \ud800 surrogate"})
     return out
 
 
@@ -85,12 +87,12 @@ def job(tiny_folder, tmp_path_factory):
     """The request file (the malformed lines spread through it) and, by line number, what a `pyllm
     serve` process answers each request that can be run: (custom_id, status, body), or None."""
     model = os.path.basename(tiny_folder)
-    lines = [(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": url, "body": body}), (url, body))
+    lines = [(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": url, "body": body}).encode(), (url, body))
              for i, (url, body) in enumerate(request_bodies(model))]
     for k, (line, _, _) in enumerate(MALFORMED):
-        lines.insert(25 + 37 * k, (line if isinstance(line, str) else json.dumps(line), None))
+        lines.insert(25 + 37 * k, (line if isinstance(line, bytes) else json.dumps(line).encode(), None))
     path = tmp_path_factory.mktemp("batch-job") / "requests.jsonl"
-    path.write_text("".join(line + "\n" for line, _ in lines))
+    path.write_bytes(b"".join(line + b"\n" for line, _ in lines))
 
     server = ServerProcess(tiny_folder, "--parallel", "4", "--threads", "1")
     try:
@@ -137,7 +139,7 @@ def assert_results_are_the_servers(results: list[dict], job) -> None:
             assert r["error"] is None and r["response"]["request_id"].startswith("req_")
     assert errors == [(custom_id, code) for _, code, custom_id in MALFORMED]
     statuses = [a[1] for a in answers.values() if a is not None]
-    assert statuses.count(200) == N_REQUESTS - len(MALFORMED) - 4
+    assert statuses.count(200) == N_REQUESTS - len(MALFORMED) - 5
 
 
 def run_batch(*args: str) -> subprocess.Popen:
@@ -152,7 +154,7 @@ def lines_in(path) -> int:
 def test_pyllm_batch_over_an_iterable_gets_what_the_server_returns(tiny_folder, job):
     """Dicts and lines of JSON alike; the server and this run both on one thread, as a thread count
     changes the last bits of an embedding or a logprob (never a greedy token)."""
-    with open(job[0]) as f:
+    with open(job[0], "rb") as f:
         lines = f.read().splitlines()
     requests = [line if n % 2 or answer is None else json.loads(line)
                 for n, (line, answer) in enumerate(zip(lines, job[1].values()))]
