@@ -107,7 +107,8 @@ def line_number(result: dict) -> int:
 
 async def post(app, path: str, body: bytes) -> tuple[int, dict]:
     """(status, JSON body) of one POST to an ASGI app, called directly: the request's body comes at
-    once, and the client stays connected until the answer is complete."""
+    once, and the client stays connected until the answer is complete. An app that fails without
+    answering gives the 500 `pyllm serve` would send, so one request cannot stop a job."""
     import asyncio  # here, not at the top: `import pyllm` (which names batch) stays as quick as it was
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
@@ -135,9 +136,10 @@ async def post(app, path: str, body: bytes) -> tuple[int, dict]:
 
     try:
         await app(scope, receive, send)
-    except Exception:  # noqa: BLE001 — Starlette re-raises a crash after its 500 has been sent
+    except Exception as e:  # noqa: BLE001 — Starlette re-raises a crash after its 500 has been sent
         if not answered.is_set():
-            raise
+            return 500, {"error": {"message": f"internal error: {type(e).__name__}: {e}", "type": "server_error",
+                                   "param": None, "code": None}}
     return state["status"], json.loads(b"".join(chunks))
 
 
@@ -153,7 +155,8 @@ class Runner:
 
         self.app = create_app(model, source or model.source, max_queue=NO_QUEUE_LIMIT)
         self.scheduler = self.app.state.server.scheduler
-        self.in_flight = 2 * self.scheduler.slots  # a request waits for every slot that frees
+        # as many requests wait as run: a slot that frees is taken at the engine's next step
+        self.in_flight = 2 * self.scheduler.slots
         self.scheduler.start()
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ exactly one result per request; on a local Ray cluster (2 actors) the results ar
 actor killed mid-run is replaced without a request lost or written twice."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -193,6 +194,21 @@ def test_results_of_another_input_are_not_taken_for_done(tmp_path):
     out.write_text(json.dumps({"id": "batch_req_1", "custom_id": "b", "response": None, "error": None}) + "\n")
     with pytest.raises(pyllm.PyllmError, match="are not those of"):
         batch_jobs.run_file(str(source), str(out), lambda entries: iter(()), progress=False)
+
+
+def test_an_app_that_crashes_gives_a_500_in_the_servers_shape_and_the_job_goes_on():
+    async def answers_then_raises(scope, receive, send):  # Starlette's way: its 500 sent, then re-raised
+        await send({"type": "http.response.start", "status": 500, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"error": {"message": "sent"}}'})
+        raise RuntimeError("logged by the server")
+
+    async def raises(scope, receive, send):
+        raise RuntimeError("boom")
+
+    assert asyncio.run(batch_jobs.post(answers_then_raises, "/v1/completions", b"{}")) == (
+        500, {"error": {"message": "sent"}})
+    assert asyncio.run(batch_jobs.post(raises, "/v1/completions", b"{}")) == (500, {"error": {
+        "message": "internal error: RuntimeError: boom", "type": "server_error", "param": None, "code": None}})
 
 
 # ---- Ray ------------------------------------------------------------------------------------------
