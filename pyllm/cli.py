@@ -188,6 +188,10 @@ def _batch(args: argparse.Namespace) -> int:
     from . import batch_jobs
 
     started = time.monotonic()
+    if args.ray is None and (args.actors or args.cpus_per_actor):
+        raise PyllmError("--actors and --cpus-per-actor go with --ray")
+    if args.ray is not None and args.threads:
+        raise PyllmError("with --ray an actor's threads are its CPUs: give --cpus-per-actor, not --threads")
     if args.ray is None:
         runner = batch_jobs.Runner(load_model(args, parallel=args.parallel), args.model)
         results, close = runner.run, runner.close
@@ -198,7 +202,7 @@ def _batch(args: argparse.Namespace) -> int:
         results = ray_results(args.model, address=args.ray or None, actors=args.actors,
                               cpus_per_actor=args.cpus_per_actor, parallel=args.parallel,
                               **{k: v for k, v in settings.items() if v is not None})
-        close = None
+        close = None  # the driver holds no model; Ray ends its actors with the job
     try:
         count = batch_jobs.run_file(args.input, args.output, results)
     finally:
@@ -348,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"model folder, .gguf file, alias or Hugging Face id (default {hub.DEFAULT_MODEL})")
     batch.add_argument("--file", default=None, help="with a Hugging Face id: a glob choosing the .gguf file")
     batch.add_argument("--revision", default=None, help="with a Hugging Face id: a branch, tag or commit")
-    batch.add_argument("--threads", type=_count, default=None, help="default: physical cores (with --ray, "
+    batch.add_argument("--threads", type=_count, default=None, help="default: physical cores (not with --ray: "
                                                                     "an actor's threads are its CPUs)")
     batch.add_argument("--n-ctx", type=_count, default=None,
                        help="context length to allocate (default: the model's, at most 4096)")
@@ -359,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     batch.add_argument("--actors", type=_count, default=None,
                        help="with --ray: models loaded at once (default: as many as the CPUs hold)")
     batch.add_argument("--cpus-per-actor", type=_count, default=None,
-                       help="with --ray: each actor's CPUs, its threads (default: the cluster's CPUs / actors)")
+                       help="with --ray: each actor's CPUs, its threads (default: the cluster's CPUs / --actors, "
+                            "else up to 8)")
     kv_dtype_arg(batch)
     batch.set_defaults(func=_batch)
 
