@@ -160,7 +160,10 @@ class Runner:
         self.scheduler.start()
 
     def close(self) -> None:
+        """Stops the engine; jobs of a run stopped early give back their KV caches (the model may
+        be used again: by another batch, or by the caller)."""
         self.scheduler.close()
+        self.scheduler.engine.fail_all(PyllmError("the batch was stopped"))
 
     async def answer(self, entry: Entry) -> dict:
         if entry.error is not None:
@@ -225,12 +228,14 @@ def batch(requests: Iterable, model, *, parallel: int | None = None, progress: b
     runner = Runner(model, source)
     entries = list(read_entries(requests)) if progress else read_entries(requests)
     bar = Progress(len(entries), 0) if progress else None
+    results = runner.run(entries)
     try:
-        for result in runner.run(entries):
+        for result in results:
             if bar is not None:
                 bar.update(result)
             yield result
-    finally:
+    finally:  # a caller that stops early: what runs is cancelled before the engine stops
+        results.close()
         runner.close()
         if bar is not None:
             bar.close()

@@ -196,6 +196,20 @@ def test_results_of_another_input_are_not_taken_for_done(tmp_path):
         batch_jobs.run_file(str(source), str(out), lambda entries: iter(()), progress=False)
 
 
+def test_a_caller_that_stops_early_leaves_every_cache_free_and_the_model_to_run_again(tiny_folder):
+    llm = pyllm.load(tiny_folder, parallel=4)
+    body = {"model": os.path.basename(tiny_folder), "prompt": "The wheel", "max_tokens": 40, "temperature": 0,
+            "logit_bias": {"1": -100}}  # no end of sequence: each runs its 40 tokens
+    requests = [{"custom_id": str(i), "method": "POST", "url": "/v1/completions", "body": body} for i in range(16)]
+    for _ in range(3):
+        results = pyllm.batch(requests, llm)
+        next(results)
+        results.close()  # the others were running or waiting
+        assert all(cache.owner is None for cache in llm.pool.caches)
+    texts = {r["response"]["body"]["choices"][0]["text"] for r in pyllm.batch(requests[:3], llm)}
+    assert texts == {llm.generate("The wheel", max_tokens=40, logit_bias={1: -100}).text}
+
+
 def test_an_app_that_crashes_gives_a_500_in_the_servers_shape_and_the_job_goes_on():
     async def answers_then_raises(scope, receive, send):  # Starlette's way: its 500 sent, then re-raised
         await send({"type": "http.response.start", "status": 500, "headers": []})
