@@ -23,6 +23,7 @@ from .system import apply_isa_override as _apply_isa_override
 
 _apply_isa_override()  # PYLLM_ISA=scalar|avx2|avx512|neon replaces the best kernels (pyllm/system.py)
 
+from .batch_jobs import batch
 from .chat import ChatMessageError, ChatTemplateError
 from .errors import ContextLengthError, FormatError, PyllmError, UnsupportedModelError
 from .generation import Completion, Stream
@@ -32,6 +33,7 @@ from .sampling import SamplingParams, SamplingParamsError
 from .version import __version__
 
 __all__ = [
+    "batch",
     "ChatMessageError",
     "ChatTemplateError",
     "Completion",

@@ -9,6 +9,8 @@
     pyllm verify / inspect / perplexity   look inside a model (cli_inspect.py)
     pyllm serve [MODEL]      an OpenAI-compatible HTTP server (--host, --port, --parallel, --api-key,
                              --chat-template; needs pyllm[server]); exits with 3 when it cannot listen
+    pyllm batch IN OUT --model M   OpenAI Batch requests (JSONL) through the server's engine, results to OUT;
+                             run again to resume; --ray [ADDRESS] on Ray Data (batch_jobs.py, batch_ray.py)
     pyllm pull [MODEL]       fetches a model into the cache without running it; prints its path
     pyllm list               the aliases, everything else in pyllm's cache (with sizes), and the Hugging
                              Face models in the HF cache pyllm can load
@@ -148,6 +150,35 @@ def _pull(args: argparse.Namespace) -> int:
     from .hub import resolve
 
     print(resolve(args.model, file=args.file, revision=args.revision))
+    return 0
+
+
+def _batch(args: argparse.Namespace) -> int:
+    from . import batch_jobs
+
+    started = time.monotonic()
+    if args.ray is None and (args.actors or args.cpus_per_actor):
+        raise PyllmError("--actors and --cpus-per-actor go with --ray")
+    if args.ray is not None and args.threads:
+        raise PyllmError("with --ray an actor's threads are its CPUs: give --cpus-per-actor, not --threads")
+    if args.ray is None:
+        runner = batch_jobs.Runner(load_model(args, parallel=args.parallel), args.model)
+        results, close = runner.run, runner.close
+    else:
+        from .batch_ray import ray_results
+
+        settings = {"file": args.file, "revision": args.revision, "n_ctx": args.n_ctx, "kv_dtype": args.kv_dtype}
+        results = ray_results(args.model, address=args.ray or None, actors=args.actors,
+                              cpus_per_actor=args.cpus_per_actor, parallel=args.parallel,
+                              **{k: v for k, v in settings.items() if v is not None})
+        close = None  # the driver holds no model; Ray ends its actors with the job
+    try:
+        count = batch_jobs.run_file(args.input, args.output, results)
+    finally:
+        if close is not None:
+            close()
+    print(f"pyllm batch: {count} requests run in {time.monotonic() - started:.1f} s; results in {args.output}",
+          file=sys.stderr)
     return 0
 
 
@@ -300,6 +331,31 @@ def build_parser() -> argparse.ArgumentParser:
     dtype_arg(serve)
     kv_dtype_arg(serve)
     serve.set_defaults(func=_serve)
+
+    batch = sub.add_parser("batch", help="run a file of OpenAI Batch requests (JSONL), here or on Ray "
+                                         "(needs pyllm[server], and pyllm[ray] for --ray)")
+    batch.add_argument("input", metavar="IN", help="requests, one a line: custom_id, method, url, body")
+    batch.add_argument("output", metavar="OUT", help="results, one a line, in the order they finish; run again "
+                                                     "with the same files to run only what OUT lacks")
+    batch.add_argument("--model", default=hub.DEFAULT_MODEL,
+                       help=f"model folder, .gguf file, alias or Hugging Face id (default {hub.DEFAULT_MODEL})")
+    batch.add_argument("--file", default=None, help="with a Hugging Face id: a glob choosing the .gguf file")
+    batch.add_argument("--revision", default=None, help="with a Hugging Face id: a branch, tag or commit")
+    batch.add_argument("--threads", type=_count, default=None, help="default: physical cores (not with --ray: "
+                                                                    "an actor's threads are its CPUs)")
+    batch.add_argument("--n-ctx", type=_count, default=None,
+                       help="context length to allocate (default: the model's, at most 4096)")
+    batch.add_argument("--parallel", type=_count, default=4,
+                       help="requests generated at once (by each Ray actor), each with a KV cache (default 4)")
+    batch.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                       help="run on Ray Data: on the cluster at ADDRESS, else on the one ray.init() finds or starts")
+    batch.add_argument("--actors", type=_count, default=None,
+                       help="with --ray: models loaded at once (default: as many as the CPUs hold)")
+    batch.add_argument("--cpus-per-actor", type=_count, default=None,
+                       help="with --ray: each actor's CPUs, its threads (default: the cluster's CPUs / --actors, "
+                            "else up to 8)")
+    kv_dtype_arg(batch)
+    batch.set_defaults(func=_batch)
 
     info = sub.add_parser("info", help="describe a model")
     model_arg(info, runs=False)
