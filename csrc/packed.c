@@ -17,25 +17,30 @@
 #endif
 
 /* The layout is the contract with every ISA's kernel and with the tests. */
+typedef char check_q4_0x8[sizeof(pl_block_q4_0x8) == 144 ? 1 : -1];
 typedef char check_q4_1x8[sizeof(pl_block_q4_1x8) == 160 ? 1 : -1];
 typedef char check_q8_0x8[sizeof(pl_block_q8_0x8) == 272 ? 1 : -1];
 typedef char check_q5_0x8[sizeof(pl_block_q5_0x8) == 176 ? 1 : -1];
 typedef char check_q4_Kx8[sizeof(pl_block_q4_Kx8) == 1152 ? 1 : -1];
+typedef char check_q5_Kx8[sizeof(pl_block_q5_Kx8) == 1408 ? 1 : -1];
 typedef char check_q6_Kx8[sizeof(pl_block_q6_Kx8) == 1680 ? 1 : -1];
 
-pl_packed_kernels pl_packed = {pl_gemm_q4_1x8_scalar, pl_gemm_q5_0x8_scalar, pl_gemm_q8_0x8_scalar,
-                               pl_gemm_q4_Kx8_scalar, pl_gemm_q6_Kx8_scalar};
+pl_packed_kernels pl_packed = {pl_gemm_q4_0x8_scalar, pl_gemm_q4_1x8_scalar, pl_gemm_q5_0x8_scalar,
+                               pl_gemm_q8_0x8_scalar, pl_gemm_q4_Kx8_scalar, pl_gemm_q5_Kx8_scalar,
+                               pl_gemm_q6_Kx8_scalar};
 
 int pl_packed_type(int type) {
-    return type == PL_TYPE_Q4_1 || type == PL_TYPE_Q5_0 || type == PL_TYPE_Q8_0 || type == PL_TYPE_Q4_K ||
-           type == PL_TYPE_Q6_K;
+    return type == PL_TYPE_Q4_0 || type == PL_TYPE_Q4_1 || type == PL_TYPE_Q5_0 || type == PL_TYPE_Q8_0 ||
+           type == PL_TYPE_Q4_K || type == PL_TYPE_Q5_K || type == PL_TYPE_Q6_K;
 }
 
 pl_packed_gemm_fn pl_packed_kernel_of(const pl_packed_kernels *k, int type) {
     switch (type) {
+    case PL_TYPE_Q4_0: return k->q4_0;
     case PL_TYPE_Q4_1: return k->q4_1;
     case PL_TYPE_Q5_0: return k->q5_0;
     case PL_TYPE_Q4_K: return k->q4_K;
+    case PL_TYPE_Q5_K: return k->q5_K;
     case PL_TYPE_Q6_K: return k->q6_K;
     default: return k->q8_0;
     }
@@ -43,9 +48,11 @@ pl_packed_gemm_fn pl_packed_kernel_of(const pl_packed_kernels *k, int type) {
 
 static int64_t packed_block_size(int type) {
     switch (type) {
+    case PL_TYPE_Q4_0: return (int64_t)sizeof(pl_block_q4_0x8);
     case PL_TYPE_Q4_1: return (int64_t)sizeof(pl_block_q4_1x8);
     case PL_TYPE_Q5_0: return (int64_t)sizeof(pl_block_q5_0x8);
     case PL_TYPE_Q4_K: return (int64_t)sizeof(pl_block_q4_Kx8);
+    case PL_TYPE_Q5_K: return (int64_t)sizeof(pl_block_q5_Kx8);
     case PL_TYPE_Q6_K: return (int64_t)sizeof(pl_block_q6_Kx8);
     default: return (int64_t)sizeof(pl_block_q8_0x8);
     }
@@ -65,6 +72,13 @@ static void pack_q4_1(const pl_block_q4_1 *const src[PL_PACK_ROWS], pl_block_q4_
     for (int r = 0; r < PL_PACK_ROWS; r++) {
         dst->d[r] = src[r]->d;
         dst->m[r] = src[r]->m;
+        for (int k = 0; k < 4; k++) memcpy(&dst->qs[32 * k + 4 * r], &src[r]->qs[4 * k], 4);
+    }
+}
+
+static void pack_q4_0(const pl_block_q4_0 *const src[PL_PACK_ROWS], pl_block_q4_0x8 *dst) {
+    for (int r = 0; r < PL_PACK_ROWS; r++) {
+        dst->d[r] = src[r]->d;
         for (int k = 0; k < 4; k++) memcpy(&dst->qs[32 * k + 4 * r], &src[r]->qs[4 * k], 4);
     }
 }
@@ -93,18 +107,30 @@ static void pack_q5_0(const pl_block_q5_0 *const src[PL_PACK_ROWS], pl_block_q5_
     }
 }
 
-/* Each row's qs moves in 4-byte runs as q4_1's; its 12 scale bytes become three words, assembled
- * little-endian so that the kernels' arithmetic on them is the same on any host. */
+/* Row r of a q4_K or q5_K super-block (d, dmin, its 12 scale bytes, the low 4 bits qs): qs moves in
+ * 4-byte runs as q4_1's; the scale bytes become three words, assembled little-endian so that the
+ * kernels' arithmetic on them is the same on any host. */
+static void pack_k4_row(pl_block_q4_Kx8 *dst, int r, uint16_t d, uint16_t dmin, const uint8_t *scales,
+                        const uint8_t *qs) {
+    dst->d[r] = d;
+    dst->dmin[r] = dmin;
+    for (int w = 0; w < 3; w++) {
+        const uint8_t *b = scales + 4 * w;
+        dst->scales[w][r] = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    }
+    for (int c = 0; c < 4; c++)
+        for (int k = 0; k < 8; k++) memcpy(&dst->qs[256 * c + 32 * k + 4 * r], &qs[32 * c + 4 * k], 4);
+}
+
 static void pack_q4_K(const pl_block_q4_K *const src[PL_PACK_ROWS], pl_block_q4_Kx8 *dst) {
+    for (int r = 0; r < PL_PACK_ROWS; r++) pack_k4_row(dst, r, src[r]->d, src[r]->dmin, src[r]->scales, src[r]->qs);
+}
+
+/* As q4_K, and qh in 4-byte runs beside the qs bytes of the same elements. */
+static void pack_q5_K(const pl_block_q5_K *const src[PL_PACK_ROWS], pl_block_q5_Kx8 *dst) {
     for (int r = 0; r < PL_PACK_ROWS; r++) {
-        dst->d[r] = src[r]->d;
-        dst->dmin[r] = src[r]->dmin;
-        for (int w = 0; w < 3; w++) {
-            const uint8_t *b = src[r]->scales + 4 * w;
-            dst->scales[w][r] = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-        }
-        for (int c = 0; c < 4; c++)
-            for (int k = 0; k < 8; k++) memcpy(&dst->qs[256 * c + 32 * k + 4 * r], &src[r]->qs[32 * c + 4 * k], 4);
+        pack_k4_row(&dst->low, r, src[r]->d, src[r]->dmin, src[r]->scales, src[r]->qs);
+        for (int k = 0; k < 8; k++) memcpy(&dst->qh[32 * k + 4 * r], &src[r]->qh[4 * k], 4);
     }
 }
 
@@ -135,12 +161,16 @@ int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *
                                 : (const void *)zero;
             }
             void *out = (char *)dst + (g * nb + b) * bs;
-            if (type == PL_TYPE_Q4_1)
+            if (type == PL_TYPE_Q4_0)
+                pack_q4_0((const pl_block_q4_0 *const *)blk, out);
+            else if (type == PL_TYPE_Q4_1)
                 pack_q4_1((const pl_block_q4_1 *const *)blk, out);
             else if (type == PL_TYPE_Q5_0)
                 pack_q5_0((const pl_block_q5_0 *const *)blk, out);
             else if (type == PL_TYPE_Q4_K)
                 pack_q4_K((const pl_block_q4_K *const *)blk, out);
+            else if (type == PL_TYPE_Q5_K)
+                pack_q5_K((const pl_block_q5_K *const *)blk, out);
             else if (type == PL_TYPE_Q6_K)
                 pack_q6_K((const pl_block_q6_K *const *)blk, out);
             else
@@ -168,6 +198,29 @@ int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int
 /* ---------------------------------------------------------------- scalar references */
 
 #define F16(h) pl_f16_to_f32(h)
+
+void pl_gemm_q4_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy) {
+    const pl_block_q4_0x8 *w = packed;
+    for (int64_t g = g0; g < g1; g++)
+        for (int r = 0; r < PL_PACK_ROWS && g * PL_PACK_ROWS + r < row_end; r++)
+            for (int t = 0; t < n; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)((const char *)x + t * x_stride);
+                float sd = 0.0f;
+                for (int64_t b = 0; b < nb; b++) {
+                    const pl_block_q4_0x8 *wb = &w[g * nb + b];
+                    int isum = 0;
+                    for (int k = 0; k < 4; k++)
+                        for (int i = 0; i < 4; i++) {
+                            int q = wb->qs[32 * k + 4 * r + i];
+                            isum += ((q & 0xF) - 8) * xb[b].qs[4 * k + i] + ((q >> 4) - 8) * xb[b].qs[16 + 4 * k + i];
+                        }
+                    float scale = F16(wb->d[r]) * F16(xb[b].d);
+                    sd = fmaf((float)isum, scale, sd);
+                }
+                y[t * ldy + g * PL_PACK_ROWS + r] = sd;
+            }
+}
 
 void pl_gemm_q4_1x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                            const void *x, int64_t x_stride, int n, float *y, int64_t ldy) {
@@ -237,16 +290,17 @@ void pl_gemm_q8_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g
             }
 }
 
-void pl_gemm_q4_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
-                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy) {
-    const pl_block_q4_Kx8 *w = packed;
+/* q4_K and q5_K: a q5_Kx8 block is a q4_Kx8 one and the fifth bits (qh, NULL for q4_K), bs bytes apart. */
+static void gemm_k4x8_scalar(const char *packed, int64_t bs, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                             const void *x, int64_t x_stride, int n, float *y, int64_t ldy, int five) {
     for (int64_t g = g0; g < g1; g++)
         for (int r = 0; r < PL_PACK_ROWS && g * PL_PACK_ROWS + r < row_end; r++)
             for (int t = 0; t < n; t++) {
                 const pl_block_q8_K *xb = (const pl_block_q8_K *)((const char *)x + t * x_stride);
                 float sd = 0.0f, sm = 0.0f;
                 for (int64_t b = 0; b < nb; b++) {
-                    const pl_block_q4_Kx8 *wb = &w[g * nb + b];
+                    const pl_block_q4_Kx8 *wb = (const pl_block_q4_Kx8 *)(packed + (g * nb + b) * bs);
+                    const uint8_t *qh = five ? ((const pl_block_q5_Kx8 *)wb)->qh : NULL;
                     uint32_t sc[2], mn[2];
                     pl_k4x8_scales(wb, r, sc, mn);
                     int isum = 0, imin = 0;
@@ -255,7 +309,9 @@ void pl_gemm_q4_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g
                         for (int k = 0; k < 8; k++)
                             for (int i = 0; i < 4; i++) {
                                 int q = wb->qs[256 * c + 32 * k + 4 * r + i];
-                                s += (h ? q >> 4 : q & 0xF) * xb[b].qs[64 * c + 32 * h + 4 * k + i];
+                                q = h ? q >> 4 : q & 0xF;
+                                if (five) q |= (qh[32 * k + 4 * r + i] >> j & 1) << 4;
+                                s += q * xb[b].qs[64 * c + 32 * h + 4 * k + i];
                             }
                         int shift = 8 * (j % 4);
                         isum += (int)(sc[j / 4] >> shift & 0xFF) * s;
@@ -266,6 +322,16 @@ void pl_gemm_q4_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g
                 }
                 y[t * ldy + g * PL_PACK_ROWS + r] = sd - sm;
             }
+}
+
+void pl_gemm_q4_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy) {
+    gemm_k4x8_scalar(packed, (int64_t)sizeof(pl_block_q4_Kx8), nb, g0, g1, row_end, x, x_stride, n, y, ldy, 0);
+}
+
+void pl_gemm_q5_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy) {
+    gemm_k4x8_scalar(packed, (int64_t)sizeof(pl_block_q5_Kx8), nb, g0, g1, row_end, x, x_stride, n, y, ldy, 1);
 }
 
 /* Row r's 6-bit element e (< 256) of a q6_Kx8 block: the low 4 bits from ql, the top 2 from qh. */
@@ -301,10 +367,12 @@ void pl_gemm_q6_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g
 static const char *installed = "scalar";
 
 void pl_install_packed_kernels(int isa) {
+    pl_packed.q4_0 = pl_gemm_q4_0x8_scalar;
     pl_packed.q4_1 = pl_gemm_q4_1x8_scalar;
     pl_packed.q5_0 = pl_gemm_q5_0x8_scalar;
     pl_packed.q8_0 = pl_gemm_q8_0x8_scalar;
     pl_packed.q4_K = pl_gemm_q4_Kx8_scalar;
+    pl_packed.q5_K = pl_gemm_q5_Kx8_scalar;
     pl_packed.q6_K = pl_gemm_q6_Kx8_scalar;
     installed = "scalar";
     /* An AVX-512 machine runs the AVX2 kernels, or with VNNI their vpdpbusd build: see packed_avx2.c.

@@ -24,6 +24,7 @@
  *     qs[128]     as q4_1x8 (the low 4 bits of q[r][e])
  * (176 bytes, the 8 source blocks' size): for chunk k, qh shifted so that bit k (bit 4 + k) lands
  * on bit 4 of each byte completes the low (high) nibbles to 5 bits, all chunks from one 32-byte qh.
+ * q4_0x8 is q4_1x8 without the mins: d[8], qs[128] (144 bytes).
  * Scales stay f16: the packed matrix is exactly as large as the source (decode is memory-bound).
  * q4_Kx8 packs 8 rows' super-blocks of 256 (cols / 256 per row):
  *     d[8], dmin[8]  f16
@@ -32,6 +33,10 @@
  *     qs[1024]       qs[256c + 32k + 4r + i] = row r's qs[32c + 4k + i], c < 4, k < 8
  * (1,152 bytes, the 8 source blocks' size). Register (c, k) holds, per row, elements 4k..4k+3 of
  * sub-block 2c in its low nibbles and of sub-block 2c + 1 in its high ones.
+ * q5_Kx8 is a q4_Kx8 block of the low 4 bits, scales and mins, followed by the 8 rows' fifth bits:
+ *     qh[256]        qh[32k + 4r + i] = row r's qh[4k + i], k < 8
+ * (1,408 bytes). Register k of qh lines up with registers (c, k) of qs byte for byte: bit j of a qh
+ * byte is the fifth bit of the element of sub-block j (c = j / 2, low nibble for even j) beside it.
  * q6_Kx8 packs 8 rows' q6_K super-blocks the same way:
  *     d[8]           f16
  *     scales[16][8]  scales[s][r] = row r's int8 scale of sub-block s (16 elements)
@@ -49,10 +54,12 @@
  *                   y = sd + sm
  *     q8_0 × q8_0:  sd = 0; for b in order: sd = fmaf((float)isum_b, dw_b·dx_b, sd);  y = sd
  *     q5_0 × q8_0:  the same, isum_b = Σ_e (q_w − 16)·q_x (q_w the unsigned 5-bit value 0..31)
+ *     q4_0 × q8_0:  the same, isum_b = Σ_e (q_w − 8)·q_x (q_w the unsigned 4-bit value 0..15)
  *     q4_K × q8_K:  sd = 0, sm = 0; for super-block b in order, isum_b = Σ_j sc_j·Σ_{e in j} q_w·q_x and
  *                   imin_b = Σ_j m_j·(bsums[2j] + bsums[2j+1]) over its 8 sub-blocks j (exact int32s):
  *                       sd = fmaf((float)isum_b, dw_b·dx_b, sd);  sm = fmaf((float)imin_b, dminw_b·dx_b, sm)
  *                   y = sd − sm
+ *     q5_K × q8_K:  the same, q_w the unsigned 5-bit value 0..31
  *     q6_K × q8_K:  sd = 0; for b in order, isum_b = Σ_s sc_s·(Σ_{e in s} q_w·q_x − 32·bsums[s]) over its 16
  *                   sub-blocks s (q_w the unsigned 6-bit value 0..63; exact):
  *                       sd = fmaf((float)isum_b, dw_b·dx_b, sd);  y = sd
@@ -76,6 +83,11 @@ typedef struct {
 
 typedef struct {
     uint16_t d[PL_PACK_ROWS];
+    uint8_t qs[128];                           /* as q4_1x8's */
+} pl_block_q4_0x8;                             /* 144 bytes: 8 q4_0 blocks */
+
+typedef struct {
+    uint16_t d[PL_PACK_ROWS];
     int8_t qs[256];                            /* 8 chunks of 32 bytes */
 } pl_block_q8_0x8;                             /* 272 bytes: 8 q8_0 blocks */
 
@@ -90,6 +102,11 @@ typedef struct {
     uint32_t scales[3][PL_PACK_ROWS];          /* see above */
     uint8_t qs[1024];                          /* 4 × 8 registers of 32 bytes */
 } pl_block_q4_Kx8;                             /* 1,152 bytes: 8 q4_K super-blocks */
+
+typedef struct {
+    pl_block_q4_Kx8 low;                       /* the low 4 bits, the scales and the mins */
+    uint8_t qh[256];                           /* the fifth bits: 8 registers, see above */
+} pl_block_q5_Kx8;                             /* 1,408 bytes: 8 q5_K super-blocks */
 
 typedef struct {
     uint16_t d[PL_PACK_ROWS];
@@ -110,18 +127,18 @@ static inline void pl_k4x8_scales(const pl_block_q4_Kx8 *b, int r, uint32_t sc[2
     mn[1] = ((u2 >> 4) & low4) | ((u1 >> 6) & top2) << 4;
 }
 
-/* Whether weights of this type can be packed: Q4_1, Q5_0, Q8_0, Q4_K, Q6_K. */
+/* Whether weights of this type can be packed: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K. */
 int pl_packed_type(int type);
 /* Bytes of a packed (rows, cols) matrix, rows padded to a multiple of 8; -1 for a type that cannot
- * be packed or cols not whole blocks (32 elements, or 256 for q4_K and q6_K). */
+ * be packed or cols not whole blocks (32 elements, or 256 for the k-quants). */
 int64_t pl_packed_bytes(int type, int64_t rows, int64_t cols);
 /* Repacks row groups [g0, g1) of src (rows × pl_row_size(type, cols) bytes, the file's layout) into
  * dst (pl_packed_bytes); a range of groups at a time, so that loading can split it over threads.
  * PL_OK, or PL_ERR_ARGS (nothing written) for a bad type, shape or group range. */
 int pl_pack_groups(int type, const void *src, int64_t rows, int64_t cols, void *dst, int64_t g0, int64_t g1);
 /* y[t·ldy + r] = row r of W · activation row t, for r in [r0, r1) (r0 a multiple of 8, r1 ≤ rows)
- * and t < n. x: n rows of the type's vec_dot_type (q8_1 for q4_1, q8_0 for q5_0 and q8_0, q8_K for the
- * k-quants), x_stride bytes
+ * and t < n. x: n rows of the type's vec_dot_type (q8_1 for q4_1, q8_0 for q4_0, q5_0 and q8_0, q8_K for
+ * the k-quants), x_stride bytes
  * apart. Bit-identical for any n, r0, r1 and ISA. PL_OK, or PL_ERR_ARGS (nothing written). */
 int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
                    const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
@@ -131,11 +148,13 @@ int pl_gemm_packed(int type, const void *packed, int64_t rows, int64_t cols, int
 typedef void (*pl_packed_gemm_fn)(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                                   const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
 typedef struct {
-    pl_packed_gemm_fn q4_1, q5_0, q8_0, q4_K, q6_K;
+    pl_packed_gemm_fn q4_0, q4_1, q5_0, q8_0, q4_K, q5_K, q6_K;
 } pl_packed_kernels;
 extern pl_packed_kernels pl_packed;
 
 /* The scalar references (packed.c), the kernels every ISA must equal bit for bit. */
+void pl_gemm_q4_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
 void pl_gemm_q4_1x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                            const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
 void pl_gemm_q5_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
@@ -143,6 +162,8 @@ void pl_gemm_q5_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g
 void pl_gemm_q8_0x8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                            const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
 void pl_gemm_q4_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
+                           const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
+void pl_gemm_q5_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                            const void *x, int64_t x_stride, int n, float *y, int64_t ldy);
 void pl_gemm_q6_Kx8_scalar(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end,
                            const void *x, int64_t x_stride, int n, float *y, int64_t ldy);

@@ -148,6 +148,50 @@ static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const 
         store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t][0], sd[j][t][1], rows_left - j * PL_PACK_ROWS);
 }
 
+/* ================================================================ q4_0 × q8_0 */
+
+/* q − 8 made here as a signed byte (−8..7), as q5_0_tile's q − 16. */
+static ALWAYS_INLINE void q4_0_tile(const pl_block_q4_0x8 *w, int64_t nb, const int G, const char *x, int64_t xs,
+                                    const int T, float *y, int64_t ldy, int64_t rows_left) {
+    const uint8x16_t low4 = vdupq_n_u8(0x0F);
+    const int8x16_t eight = vdupq_n_s8(8);
+    float32x4_t sd[2][4][2];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) UNROLLED for (int h = 0; h < 2; h++)
+        sd[j][t][h] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        int32x4_t acc[2][4][2];
+        int8x16_t x0[4], x1[4]; /* activation qs[0..16): low elements, qs[16..32): high ones */
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+            x0[t] = vld1q_s8(xb->qs);
+            x1[t] = vld1q_s8(xb->qs + 16);
+        }
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+            acc[j][t][0] = acc[j][t][1] = vdupq_n_s32(0);
+#define CHUNK(K)                                                                                           \
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int h = 0; h < 2; h++) {                       \
+            uint8x16_t v = vld1q_u8(w[j * nb + b].qs + 32 * (K) + 16 * h);                               \
+            int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, low4)), eight);                       \
+            int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), eight);                        \
+            UNROLLED for (int t = 0; t < T; t++)                                                         \
+                acc[j][t][h] = DOT4(DOT4(acc[j][t][h], lo, x0[t], K), hi, x1[t], K);                     \
+        }
+        FOR_CHUNKS4(CHUNK)
+#undef CHUNK
+        UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int h = 0; h < 2; h++) {
+            float32x4_t dw = f16x4(w[j * nb + b].d + 4 * h);
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                float32x4_t dx = vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(xb->d)));
+                float32x4_t scale = vmulq_f32(dw, dx);
+                sd[j][t][h] = vfmaq_f32(sd[j][t][h], vcvtq_f32_s32(acc[j][t][h]), scale);
+            }
+        }
+    }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t][0], sd[j][t][1], rows_left - j * PL_PACK_ROWS);
+}
+
 /* ================================================================ q5_0 × q8_0 */
 
 /* q − 16 made here as a signed byte (−16..15), so the block sums come out of the signed dot as in
@@ -214,16 +258,19 @@ static inline int32x4_t byte_of(uint32x4_t v, int s) {
 
 /* Sub-block by sub-block: per half of the rows, register (c, k)'s nibbles against activation dword
  * 64c + 32h + 4k give the sub-block's exact sums (the nibbles 0..15 are valid signed bytes), then
- * one multiply-add by the rows' scales. The mins' share from the activation's bsums, in integers. */
-static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const int G, const char *x, int64_t xs,
-                                    const int T, float *y, int64_t ldy, int64_t rows_left) {
-    const uint8x16_t low4 = vdupq_n_u8(0x0F);
+ * one multiply-add by the rows' scales. The mins' share from the activation's bsums, in integers.
+ * q5_K (five): blocks of bs bytes, each a q4_Kx8 block and the fifth bits: bit sub of qh register k
+ * completes register (c, k)'s nibbles to 5 bits (0..31, valid signed bytes too). */
+static ALWAYS_INLINE void k4_tile(const char *w, const int64_t bs, const int five, int64_t nb, const int G,
+                                  const char *x, int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left) {
+    const uint8x16_t low4 = vdupq_n_u8(0x0F), bit4 = vdupq_n_u8(0x10);
     float32x4_t sd[2][4][2], sm[2][4][2];
     UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) UNROLLED for (int h = 0; h < 2; h++)
         sd[j][t][h] = sm[j][t][h] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < nb; b++) {
         UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int half = 0; half < 2; half++) {
-            const pl_block_q4_Kx8 *wb = &w[j * nb + b];
+            const pl_block_q4_Kx8 *wb = (const pl_block_q4_Kx8 *)(w + (j * nb + b) * bs);
+            const uint8_t *qh = five ? ((const pl_block_q5_Kx8 *)wb)->qh : NULL;
             uint32x4_t sc[2], mn[2];
             k4x8_words(wb, half, &sc[0], &sc[1], 0);
             k4x8_words(wb, half, &mn[0], &mn[1], 1);
@@ -231,6 +278,7 @@ static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const 
             UNROLLED for (int t = 0; t < T; t++) isum[t] = imin[t] = vdupq_n_s32(0);
             for (int sub = 0; sub < 8; sub++) { /* rolled: clang will not unroll this much */
                 const int c = sub / 2, h = sub % 2;
+                const int8x16_t to_bit4 = vdupq_n_s8((int8_t)(4 - sub)); /* bit sub of a qh byte to bit 4 */
                 int32x4_t s[4];
                 int8x16_t x0[4], x1[4]; /* the sub-block's activation bytes 0..15 and 16..31 */
                 UNROLLED for (int t = 0; t < T; t++) {
@@ -243,8 +291,15 @@ static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const 
                 {                                                                                          \
                     uint8x16_t v0 = vld1q_u8(wb->qs + 256 * c + 32 * (K) + 16 * half);                     \
                     uint8x16_t v1 = vld1q_u8(wb->qs + 256 * c + 32 * ((K) + 4) + 16 * half);               \
-                    int8x16_t q0 = vreinterpretq_s8_u8(h ? vshrq_n_u8(v0, 4) : vandq_u8(v0, low4));         \
-                    int8x16_t q1 = vreinterpretq_s8_u8(h ? vshrq_n_u8(v1, 4) : vandq_u8(v1, low4));         \
+                    uint8x16_t n0 = h ? vshrq_n_u8(v0, 4) : vandq_u8(v0, low4);                            \
+                    uint8x16_t n1 = h ? vshrq_n_u8(v1, 4) : vandq_u8(v1, low4);                            \
+                    if (five) {                                                                            \
+                        uint8x16_t h0 = vld1q_u8(qh + 32 * (K) + 16 * half);                               \
+                        uint8x16_t h1 = vld1q_u8(qh + 32 * ((K) + 4) + 16 * half);                         \
+                        n0 = vorrq_u8(n0, vandq_u8(vshlq_u8(h0, to_bit4), bit4));                          \
+                        n1 = vorrq_u8(n1, vandq_u8(vshlq_u8(h1, to_bit4), bit4));                          \
+                    }                                                                                      \
+                    int8x16_t q0 = vreinterpretq_s8_u8(n0), q1 = vreinterpretq_s8_u8(n1);                  \
                     UNROLLED for (int t = 0; t < T; t++) s[t] = DOT4(DOT4(s[t], q0, x0[t], K), q1, x1[t], K); \
                 }
                 FOR_CHUNKS4(REG)
@@ -269,6 +324,16 @@ static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const 
     UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
         store_rows(y + t * ldy + j * PL_PACK_ROWS, vsubq_f32(sd[j][t][0], sm[j][t][0]),
                    vsubq_f32(sd[j][t][1], sm[j][t][1]), rows_left - j * PL_PACK_ROWS);
+}
+
+static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const int G, const char *x, int64_t xs,
+                                    const int T, float *y, int64_t ldy, int64_t rows_left) {
+    k4_tile((const char *)w, (int64_t)sizeof *w, 0, nb, G, x, xs, T, y, ldy, rows_left);
+}
+
+static ALWAYS_INLINE void q5_K_tile(const pl_block_q5_Kx8 *w, int64_t nb, const int G, const char *x, int64_t xs,
+                                    const int T, float *y, int64_t ldy, int64_t rows_left) {
+    k4_tile((const char *)w, (int64_t)sizeof *w, 1, nb, G, x, xs, T, y, ldy, rows_left);
 }
 
 /* ================================================================ q6_K × q8_K */
@@ -352,17 +417,21 @@ static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t nb, const 
         }                                                                                                 \
     }
 
+PACKED_GEMM(gemm_q4_0x8_neon, pl_block_q4_0x8, q4_0_tile)
 PACKED_GEMM(gemm_q4_1x8_neon, pl_block_q4_1x8, q4_1_tile)
 PACKED_GEMM(gemm_q5_0x8_neon, pl_block_q5_0x8, q5_0_tile)
 PACKED_GEMM(gemm_q8_0x8_neon, pl_block_q8_0x8, q8_0_tile)
 PACKED_GEMM(gemm_q4_Kx8_neon, pl_block_q4_Kx8, q4_K_tile)
+PACKED_GEMM(gemm_q5_Kx8_neon, pl_block_q5_Kx8, q5_K_tile)
 PACKED_GEMM(gemm_q6_Kx8_neon, pl_block_q6_Kx8, q6_K_tile)
 
 int pl_install_packed_neon(void) {
+    pl_packed.q4_0 = gemm_q4_0x8_neon;
     pl_packed.q4_1 = gemm_q4_1x8_neon;
     pl_packed.q5_0 = gemm_q5_0x8_neon;
     pl_packed.q8_0 = gemm_q8_0x8_neon;
     pl_packed.q4_K = gemm_q4_Kx8_neon;
+    pl_packed.q5_K = gemm_q5_Kx8_neon;
     pl_packed.q6_K = gemm_q6_Kx8_neon;
     return 1;
 }

@@ -222,22 +222,76 @@ PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t 
         store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
 }
 
+/* ================================================================ q4_0 × q8_0 */
+
+/* As q4_1_tile's quants, without the mins: the −8 of every element comes off the block's integer
+ * sum as off[t·nb + b] (q4_0_offsets), the start of its sum. The 8 maddubs lanes of a block add up
+ * in i16 (≤ 30720, as q4_1's) before the one pair_widen. */
+PX_TARGET static ALWAYS_INLINE void q4_0_tile(const pl_block_q4_0x8 *w, int64_t nb, const int G, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256 sd[2][4];
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_next(pf, pf_bytes, b);
+        __m256i p[2][4];
+        UNROLLED for (int k = 0; k < 4; k++) {
+            __m256i lo[2], hi[2];
+            UNROLLED for (int j = 0; j < G; j++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
+                lo[j] = _mm256_and_si256(v, low4);
+                hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
+                UNROLLED for (int j = 0; j < G; j++) {
+                    __m256i q = pair_dot(lo[j], xl, hi[j], xh);
+                    p[j][t] = k == 0 ? q : pair_add(p[j][t], q);
+                    IN_ORDER(p[j][t]);
+                }
+            }
+        }
+        UNROLLED for (int j = 0; j < G; j++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                __m256i isum = _mm256_add_epi32(_mm256_set1_epi32(off[t * nb + b]), pair_widen(p[j][t]));
+                __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d)));
+                sd[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, sd[j][t]);
+            }
+        }
+    }
+    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
+}
+
 /* ================================================================ q5_0 × q8_0 */
 
-/* −16·Σx of activation block b of row t to off[t·nb + b], for rows rows: the exact i32 that
- * turns q5_0_tile's unsigned products into Σ(q − 16)·x, shared by every group of the call. */
-PX_TARGET static void q5_0_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t *off) {
+/* factor·Σx of activation block b of row t to off[t·nb + b], for rows rows: the exact i32 that
+ * turns q4_0_tile's (factor −8) and q5_0_tile's (−16) unsigned products into Σ(q − 8)·x and
+ * Σ(q − 16)·x, shared by every group of the call. */
+PX_TARGET static inline void x_sums_times(const char *x, int64_t xs, int64_t nb, int rows, int32_t *off, short factor) {
     const __m256i ones8 = _mm256_set1_epi8(1);
     for (int t = 0; t < rows; t++)
         for (int64_t b = 0; b < nb; b++) {
             const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
             __m256i s8 = _mm256_maddubs_epi16(ones8, _mm256_loadu_si256((const __m256i *)xb->qs));
             __m128i s = _mm_add_epi16(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-            s = _mm_madd_epi16(s, _mm_set1_epi16(-16));
+            s = _mm_madd_epi16(s, _mm_set1_epi16(factor));
             s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
             s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
             off[t * nb + b] = _mm_cvtsi128_si32(s);
         }
+}
+
+PX_TARGET static void q4_0_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t *off) {
+    x_sums_times(x, xs, nb, rows, off, -8);
+}
+
+PX_TARGET static void q5_0_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t *off) {
+    x_sums_times(x, xs, nb, rows, off, -16);
 }
 
 /* q (0..31) unsigned against the signed activation, as maddubs wants it; the −16 of every element
@@ -335,49 +389,58 @@ PX_TARGET static inline void k4_bsum_pairs(const pl_block_q8_K *x, __m256i pairs
  * 64c + 32h + 4k, 8 maddubs summed in i16 (each lane at most 2·15·128, 8 of them 30720), then one
  * madd by the rows' scales of sub-block 2c + h gives its exact share of isum in i32. A register is
  * loaded once per nibble half (from L1 the second time), which keeps the live sums within the 16
- * registers. The mins' share runs as a second loop, as q4_1's. */
-PX_TARGET static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const int G, const char *x,
-                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
-                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
-    (void)off;
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
+ * registers. The mins' share runs as a second loop, as q4_1's.
+ * q5_K (five): the same on blocks of bs bytes, each a q4_Kx8 block and the fifth bits, bit j of qh
+ * register k moved onto bit 4 of register (c, k)'s nibbles. A maddubs lane then reaches 2·31·128,
+ * so 4 add up in i16 (≤ 31744) and a sub-block takes two madds by its scales. */
+PX_TARGET static ALWAYS_INLINE void k4_tile(const char *w, const int64_t bs, const int five, int64_t nb, const int G,
+                                            const char *x, int64_t xs, const int T, float *y, int64_t ldy,
+                                            int64_t rows_left, const char *pf, int64_t pf_bytes) {
+#define KB(j, b) ((const pl_block_q4_Kx8 *)(w + ((j) * nb + (b)) * bs))
+    const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+    const int span = five ? 4 : 8; /* registers summed in i16 before a madd */
     __m256 sd[2][4];
     UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *next = pf + b * pf_bytes, *end = next + pf_bytes;
         __m256i isum[2][4], sc[2][2];
         UNROLLED for (int j = 0; j < G; j++) {
-            k4x8_words(&w[j * nb + b], &sc[j][0], &sc[j][1], 0);
+            k4x8_words(KB(j, b), &sc[j][0], &sc[j][1], 0);
             UNROLLED for (int t = 0; t < T; t++) isum[j][t] = _mm256_setzero_si256();
         }
         UNROLLED for (int sub = 0; sub < 8; sub++) {
             const int c = sub / 2, h = sub % 2;
-            prefetch_some(&next, end, 5); /* 8 · 5 lines cover two q4_K groups' 36 */
-            __m256i p[2][4];
+            prefetch_some(&next, end, five ? 6 : 5); /* 8 · 5 lines cover two q4_K groups' 36, 8 · 6 two q5_K's 44 */
+            __m256i p[2][4], scale[2];
+            UNROLLED for (int j = 0; j < G; j++) scale[j] = _mm256_shuffle_epi8(sc[j][sub / 4], BYTE_BOTH_HALVES(sub % 4));
             UNROLLED for (int k = 0; k < 8; k++) {
                 __m256i q[2];
                 UNROLLED for (int j = 0; j < G; j++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 256 * c + 32 * k));
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(KB(j, b)->qs + 256 * c + 32 * k));
                     q[j] = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, low4);
+                    if (five) {
+                        /* bit sub of each qh byte to bit 4; what the 16-bit shifts carry across bytes
+                         * lands below (left) or above (right) bit 4 and is masked off */
+                        __m256i hb = _mm256_loadu_si256((const __m256i *)(((const pl_block_q5_Kx8 *)KB(j, b))->qh + 32 * k));
+                        hb = sub < 4 ? _mm256_slli_epi16(hb, 4 - sub) : sub > 4 ? _mm256_srli_epi16(hb, sub - 4) : hb;
+                        q[j] = _mm256_or_si256(q[j], _mm256_and_si256(hb, bit4));
+                    }
                 }
                 UNROLLED for (int t = 0; t < T; t++) {
                     const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
                     __m256i xd = dword_bcast(xb->qs + 64 * c + 32 * h + 4 * k);
                     UNROLLED for (int j = 0; j < G; j++) {
                         __m256i prod = _mm256_maddubs_epi16(q[j], xd);
-                        p[j][t] = k == 0 ? prod : _mm256_add_epi16(p[j][t], prod);
+                        p[j][t] = k % span == 0 ? prod : _mm256_add_epi16(p[j][t], prod);
                         IN_ORDER(p[j][t]);
+                        if (k % span == span - 1)
+                            isum[j][t] = _mm256_add_epi32(isum[j][t], _mm256_madd_epi16(p[j][t], scale[j]));
                     }
                 }
             }
-            UNROLLED for (int j = 0; j < G; j++) {
-                __m256i scale = _mm256_shuffle_epi8(sc[j][sub / 4], BYTE_BOTH_HALVES(sub % 4));
-                UNROLLED for (int t = 0; t < T; t++)
-                    isum[j][t] = _mm256_add_epi32(isum[j][t], _mm256_madd_epi16(p[j][t], scale));
-            }
         }
         UNROLLED for (int j = 0; j < G; j++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)KB(j, b)->d));
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
                 __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
@@ -393,8 +456,8 @@ PX_TARGET static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t 
     for (int64_t b = 0; b < nb; b++)
         UNROLLED for (int j = 0; j < G; j++) {
             __m256i mn[2];
-            k4x8_words(&w[j * nb + b], &mn[0], &mn[1], 1);
-            __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].dmin));
+            k4x8_words(KB(j, b), &mn[0], &mn[1], 1);
+            __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)KB(j, b)->dmin));
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
                 __m256i pairs[4];
@@ -407,8 +470,23 @@ PX_TARGET static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t 
                 sm[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), scale, sm[j][t]);
             }
         }
+#undef KB
     UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
         store_rows(y + t * ldy + j * PL_PACK_ROWS, _mm256_sub_ps(sd[j][t], sm[j][t]), rows_left - j * PL_PACK_ROWS);
+}
+
+PX_TARGET static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const int G, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    (void)off;
+    k4_tile((const char *)w, (int64_t)sizeof *w, 0, nb, G, x, xs, T, y, ldy, rows_left, pf, pf_bytes);
+}
+
+PX_TARGET static ALWAYS_INLINE void q5_K_tile(const pl_block_q5_Kx8 *w, int64_t nb, const int G, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    (void)off;
+    k4_tile((const char *)w, (int64_t)sizeof *w, 1, nb, G, x, xs, T, y, ldy, rows_left, pf, pf_bytes);
 }
 
 /* ================================================================ q6_K × q8_K */
@@ -489,7 +567,7 @@ PX_TARGET static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t 
         store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
 }
 
-/* Ints of stack for the activation offsets of a call (q5_0_offsets): 32 KiB, rows of them at a time. */
+/* Ints of stack for the activation offsets of a call (q4_0_offsets, q5_0_offsets): 32 KiB, rows of them at a time. */
 enum { OFFSET_INTS = 8192 };
 /* For the types whose tiles take no offsets. */
 static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t *off) {
@@ -556,17 +634,21 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
     PACKED_GEMM_PART(NAME, BLOCK, TILE)                         \
     PACKED_GEMM(NAME, OFFSETS, NEEDS, SCALAR)
 
+PACKED_KERNEL(gemm_q4_0x8, pl_block_q4_0x8, q4_0_tile, q4_0_offsets, 1, pl_gemm_q4_0x8_scalar)
 PACKED_KERNEL(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, no_offsets, 0, pl_gemm_q4_1x8_scalar)
 PACKED_KERNEL(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
 PACKED_KERNEL(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, no_offsets, 0, pl_gemm_q8_0x8_scalar)
 PACKED_KERNEL(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, no_offsets, 0, pl_gemm_q4_Kx8_scalar)
+PACKED_KERNEL(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, no_offsets, 0, pl_gemm_q5_Kx8_scalar)
 PACKED_KERNEL(gemm_q6_Kx8, pl_block_q6_Kx8, q6_K_tile, no_offsets, 0, pl_gemm_q6_Kx8_scalar)
 
 int PX_NAME(pl_install_packed)(void) {
+    pl_packed.q4_0 = PX_NAME(gemm_q4_0x8);
     pl_packed.q4_1 = PX_NAME(gemm_q4_1x8);
     pl_packed.q5_0 = PX_NAME(gemm_q5_0x8);
     pl_packed.q8_0 = PX_NAME(gemm_q8_0x8);
     pl_packed.q4_K = PX_NAME(gemm_q4_Kx8);
+    pl_packed.q5_K = PX_NAME(gemm_q5_Kx8);
     pl_packed.q6_K = PX_NAME(gemm_q6_Kx8);
     return 1;
 }

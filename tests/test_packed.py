@@ -18,7 +18,7 @@ from pyllm.dtypes import WeightType as W
 from test_quants import (ACTIVATION_OF, ISAS, block_size, dot_tolerance, gaussian, np_dequantize, random_blocks,
                          type_size)
 
-PACKED_TYPES = [W.Q4_1, W.Q5_0, W.Q8_0, W.Q4_K, W.Q6_K]
+PACKED_TYPES = [W.Q4_0, W.Q4_1, W.Q5_0, W.Q8_0, W.Q4_K, W.Q5_K, W.Q6_K]
 
 
 def some_cols(t: W, cols: int) -> int:
@@ -63,7 +63,12 @@ def bits(a: np.ndarray) -> np.ndarray:
 def unpack(t: W, packed: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """The file's bytes from the packed layout, by csrc/packed.h's description."""
     nb, groups = cols // block_size(t), (rows + 7) // 8
-    if t == W.Q4_1:  # d[8], m[8] (f16), qs[128]: qs[32k + 4r + i] = q[r][4k+i] | q[r][16+4k+i] << 4
+    if t == W.Q4_0:  # d[8] (f16), qs[128] as q4_1's: qs[32k + 4r + i] = the row's qs[4k + i]
+        p = packed.reshape(groups, nb, 144)
+        d = p[:, :, 0:16].reshape(groups, nb, 8, 2)
+        file_qs = p[:, :, 16:].reshape(groups, nb, 4, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 16)
+        blocks = np.concatenate([d.transpose(0, 2, 1, 3), file_qs], axis=3)
+    elif t == W.Q4_1:  # d[8], m[8] (f16), qs[128]: qs[32k + 4r + i] = q[r][4k+i] | q[r][16+4k+i] << 4
         p = packed.reshape(groups, nb, 160)
         d, m = p[:, :, 0:16].reshape(groups, nb, 8, 2), p[:, :, 16:32].reshape(groups, nb, 8, 2)
         qs = p[:, :, 32:].reshape(groups, nb, 4, 8, 4)                       # g, b, k, r, i
@@ -85,14 +90,18 @@ def unpack(t: W, packed: np.ndarray, rows: int, cols: int) -> np.ndarray:
             h |= (high << (16 + 4 * kk + i)).sum(axis=3, dtype=np.uint32)
         file_qh = h.transpose(0, 2, 1)[..., None].view(np.uint8)            # little-endian u32
         blocks = np.concatenate([d.transpose(0, 2, 1, 3), file_qh.reshape(groups, 8, nb, 4), file_qs], axis=3)
-    elif t == W.Q4_K:  # d[8], dmin[8] (f16), scales[3][8] (u32 words of 4 scale bytes), qs[1024]:
-        p = packed.reshape(groups, nb, 1152)  # qs[256c + 32k + 4r + i] = the row's qs[32c + 4k + i]
+    elif t in (W.Q4_K, W.Q5_K):  # d[8], dmin[8] (f16), scales[3][8] (u32 words of 4 scale bytes), qs[1024]:
+        size = 1152 if t == W.Q4_K else 1408  # qs[256c + 32k + 4r + i] = the row's qs[32c + 4k + i]; q5_K then
+        p = packed.reshape(groups, nb, size)  # qh[256]: qh[32k + 4r + i] = the row's qh[4k + i]
         d, dmin = p[:, :, 0:16].reshape(groups, nb, 8, 2), p[:, :, 16:32].reshape(groups, nb, 8, 2)
         scales = p[:, :, 32:128].reshape(groups, nb, 3, 8, 4).transpose(0, 1, 3, 2, 4).reshape(groups, nb, 8, 12)
-        qs = p[:, :, 128:].reshape(groups, nb, 4, 8, 8, 4)                  # g, b, c, k, r, i
+        qs = p[:, :, 128:1152].reshape(groups, nb, 4, 8, 8, 4)              # g, b, c, k, r, i
         file_qs = qs.transpose(0, 4, 1, 2, 3, 5).reshape(groups, 8, nb, 128)
-        blocks = np.concatenate([d.transpose(0, 2, 1, 3), dmin.transpose(0, 2, 1, 3),
-                                 scales.transpose(0, 2, 1, 3), file_qs], axis=3)
+        parts = [d.transpose(0, 2, 1, 3), dmin.transpose(0, 2, 1, 3), scales.transpose(0, 2, 1, 3)]
+        if t == W.Q5_K:
+            qh = p[:, :, 1152:].reshape(groups, nb, 8, 8, 4)                 # g, b, k, r, i
+            parts.append(qh.transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 32))
+        blocks = np.concatenate(parts + [file_qs], axis=3)
     elif t == W.Q6_K:  # d[8] (f16), scales[16][8] (int8), ql[1024], qh[512]: ql[256m + 32k + 4r + i] = the
         p = packed.reshape(groups, nb, 1680)  # row's ql[32m + 4k + i], qh[256h + 32k + 4r + i] its qh[32h + 4k + i]
         d = p[:, :, 0:16].reshape(groups, nb, 8, 2)
@@ -250,4 +259,4 @@ def test_packed_ops_reject_bad_shapes_lengths_and_ranges(t):
     with pytest.raises(ValueError, match="bytes"):
         _kernels.gemm_packed_quantized(int(t), packed, rows, cols, quantized(t, x)[:-1], 2)
     with pytest.raises(ValueError, match="no packed kernel"):
-        _kernels.pack_weights(int(W.Q4_0), np.zeros(rows * 36, np.uint8), rows, cols)
+        _kernels.pack_weights(int(W.Q5_1), np.zeros(rows * 48, np.uint8), rows, cols)

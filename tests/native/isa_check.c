@@ -588,7 +588,14 @@ static void unpack_group(int type, const void *packed, int64_t rows, int64_t col
     for (int r = 0; r < PL_PACK_ROWS && g * PL_PACK_ROWS + r < rows; r++)
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *out = dst + r * row_bytes;
-            if (type == PL_TYPE_Q4_1) {
+            if (type == PL_TYPE_Q4_0) {
+                const pl_block_q4_0x8 *p = (const pl_block_q4_0x8 *)packed + g * nb + b;
+                pl_block_q4_0 *o = (pl_block_q4_0 *)out + b;
+                o->d = p->d[r];
+                /* chunk k: row r's qs[4k .. 4k + 3], both nibbles where the file keeps them */
+                for (int k = 0; k < 4; k++)
+                    for (int i = 0; i < 4; i++) o->qs[4 * k + i] = p->qs[32 * k + 4 * r + i];
+            } else if (type == PL_TYPE_Q4_1) {
                 const pl_block_q4_1x8 *p = (const pl_block_q4_1x8 *)packed + g * nb + b;
                 pl_block_q4_1 *o = (pl_block_q4_1 *)out + b;
                 o->d = p->d[r];
@@ -622,6 +629,18 @@ static void unpack_group(int type, const void *packed, int64_t rows, int64_t col
                 for (int c = 0; c < 4; c++)
                     for (int k = 0; k < 8; k++)
                         for (int i = 0; i < 4; i++) o->qs[32 * c + 4 * k + i] = p->qs[256 * c + 32 * k + 4 * r + i];
+            } else if (type == PL_TYPE_Q5_K) {
+                const pl_block_q5_Kx8 *p = (const pl_block_q5_Kx8 *)packed + g * nb + b;
+                pl_block_q5_K *o = (pl_block_q5_K *)out + b;
+                o->d = p->low.d[r];
+                o->dmin = p->low.dmin[r];
+                for (int i = 0; i < 12; i++) o->scales[i] = (uint8_t)(p->low.scales[i / 4][r] >> (8 * (i % 4)));
+                /* register (c, k) of qs as q4_K's; register k of qh: row r's qh[4k ..] */
+                for (int k = 0; k < 8; k++)
+                    for (int i = 0; i < 4; i++) {
+                        for (int c = 0; c < 4; c++) o->qs[32 * c + 4 * k + i] = p->low.qs[256 * c + 32 * k + 4 * r + i];
+                        o->qh[4 * k + i] = p->qh[32 * k + 4 * r + i];
+                    }
             } else if (type == PL_TYPE_Q6_K) {
                 const pl_block_q6_Kx8 *p = (const pl_block_q6_Kx8 *)packed + g * nb + b;
                 pl_block_q6_K *o = (pl_block_q6_K *)out + b;
@@ -691,7 +710,11 @@ static void check_packed(ctx_t *c, int type) {
                         memcpy(pad, packed + ((groups - 1) * nb + b) * bs, (size_t)bs);
                         /* zero the real rows' lanes, then everything must be zero */
                         for (int r = 0; r < PL_PACK_ROWS - (int)(padded - rows); r++) {
-                            if (type == PL_TYPE_Q4_1) {
+                            if (type == PL_TYPE_Q4_0) {
+                                pl_block_q4_0x8 *p = (pl_block_q4_0x8 *)pad;
+                                p->d[r] = 0;
+                                for (int k = 0; k < 4; k++) memset(&p->qs[32 * k + 4 * r], 0, 4);
+                            } else if (type == PL_TYPE_Q4_1) {
                                 pl_block_q4_1x8 *p = (pl_block_q4_1x8 *)pad;
                                 p->d[r] = p->m[r] = 0;
                                 for (int k = 0; k < 4; k++) memset(&p->qs[32 * k + 4 * r], 0, 4);
@@ -705,6 +728,12 @@ static void check_packed(ctx_t *c, int type) {
                                 p->d[r] = p->dmin[r] = 0;
                                 p->scales[0][r] = p->scales[1][r] = p->scales[2][r] = 0;
                                 for (int k = 0; k < 32; k++) memset(&p->qs[32 * k + 4 * r], 0, 4);
+                            } else if (type == PL_TYPE_Q5_K) {
+                                pl_block_q5_Kx8 *p = (pl_block_q5_Kx8 *)pad;
+                                p->low.d[r] = p->low.dmin[r] = 0;
+                                p->low.scales[0][r] = p->low.scales[1][r] = p->low.scales[2][r] = 0;
+                                for (int k = 0; k < 32; k++) memset(&p->low.qs[32 * k + 4 * r], 0, 4);
+                                for (int k = 0; k < 8; k++) memset(&p->qh[32 * k + 4 * r], 0, 4);
                             } else if (type == PL_TYPE_Q6_K) {
                                 pl_block_q6_Kx8 *p = (pl_block_q6_Kx8 *)pad;
                                 p->d[r] = 0;
