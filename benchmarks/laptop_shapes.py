@@ -194,15 +194,17 @@ def tensor_data(s: Shape, index: int, shape: tuple[int, ...], kind: str) -> np.n
     return out
 
 
-def write_f16(name: str, s: Shape, path: str) -> None:
-    """The f16 GGUF of shape s, written tensor by tensor to path + ".part", renamed when complete."""
-    from gguf import GGUFWriter, LlamaFileType
+def write_gguf(name: str, s: Shape, path: str, file_type: int | None = None, matrix_type=None, quantize=None) -> None:
+    """The GGUF of shape s, written tensor by tensor to path + ".part", renamed when complete: matrices
+    f16, or matrix_type(tensor name) (a gguf.GGMLQuantizationType) as quantize(float32 rows, type) gives
+    their bytes (tests/laptop_gguf.py writes a Q4_K_M file so); file_type the general.file_type."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType
 
     tmp = path + ".part"
     w = GGUFWriter(tmp, s.arch)
     a = s.arch
     w.add_name(f"random {name}")
-    w.add_file_type(int(LlamaFileType.MOSTLY_F16))
+    w.add_file_type(int(LlamaFileType.MOSTLY_F16 if file_type is None else file_type))
     w.add_context_length(s.context)
     w.add_embedding_length(s.hidden)
     w.add_block_count(s.layers)
@@ -229,14 +231,24 @@ def write_f16(name: str, s: Shape, path: str) -> None:
     w.add_add_space_prefix(True)
 
     tensors = tensor_list(s)
-    for tname, shape, kind in tensors:
-        dtype = np.float16 if kind == "matrix" else np.float32
-        w.add_tensor_info(tname, shape, np.dtype(dtype), math.prod(shape) * np.dtype(dtype).itemsize)
+    types = [matrix_type(tname) if matrix_type and kind == "matrix" else None for tname, _, kind in tensors]
+    for (tname, shape, kind), qtype in zip(tensors, types):
+        if qtype in (None, GGMLQuantizationType.F16):
+            dtype = np.float16 if kind == "matrix" else np.float32
+            w.add_tensor_info(tname, shape, np.dtype(dtype), math.prod(shape) * np.dtype(dtype).itemsize)
+        else:
+            block, size = GGML_QUANT_SIZES[qtype]
+            rows, cols = shape
+            w.add_tensor_info(tname, (rows, cols // block * size), np.dtype(np.uint8), rows * (cols // block * size),
+                              raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for i, (tname, shape, kind) in enumerate(tensors):
-        w.write_tensor_data(tensor_data(s, i, shape, kind))
+    for i, ((tname, shape, kind), qtype) in enumerate(zip(tensors, types)):
+        data = tensor_data(s, i, shape, kind)
+        if qtype not in (None, GGMLQuantizationType.F16):
+            data = quantize(data.astype(np.float32), qtype)
+        w.write_tensor_data(data)
     w.close()
     os.replace(tmp, path)
 
@@ -251,7 +263,7 @@ def make(name: str, quant: str, cache: str, threads: int) -> str:
     f16 = os.path.join(cache, f"{name}-random.F16.gguf")
     if not os.path.exists(f16):
         t = time.perf_counter()
-        write_f16(name, s, f16)
+        write_gguf(name, s, f16)
         print(f"wrote {f16} ({os.path.getsize(f16) / 2**30:.2f} GiB) in {time.perf_counter() - t:.0f} s", flush=True)
     tools = llama_tools(cache)
     t = time.perf_counter()

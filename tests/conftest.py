@@ -170,9 +170,11 @@ def perplexity(logits: np.ndarray, ids: list[int]) -> float:
     return float(np.exp(-logp[np.arange(len(ids) - 1), ids[1:]].mean()))
 
 
-# A test that takes one of these is slow: a real model (read, run, or dequantized through transformers) or
-# llama.cpp's converter (seconds a file). `pytest -m "not slow"` leaves them out.
-SLOW_FIXTURES = {"smollm2_gguf", "gemma3_gguf", "smollm2_folder", "smollm2_hf_from_gguf", "converted_gguf"}
+# A test that takes one of these is slow: a real model (read, run, or dequantized through transformers),
+# llama.cpp's converter (seconds a file) or its quantizer (q4_k_m_file: a 73 MB Q4_K_M file, 10-30 s).
+# `pytest -m "not slow"` leaves them out.
+SLOW_FIXTURES = {"smollm2_gguf", "gemma3_gguf", "smollm2_folder", "smollm2_hf_from_gguf", "converted_gguf",
+                 "q4_k_m_file"}
 
 
 # Modules whose every test runs transformers as the oracle (or a local hub in subprocesses), and single

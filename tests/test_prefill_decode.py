@@ -61,7 +61,7 @@ def test_a_q8_0_file_s_packed_matrices_give_the_same_bits(tmp_path, kv_dtype):
     assert np.corrcoef(whole, reference)[0, 1] > 0.99
 
 
-@pytest.mark.parametrize("wtype", [2, 3, 6, 8, 12, 14], ids=["q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q6_K"])
+@pytest.mark.parametrize("wtype", [2, 3, 6, 8, 12, 13, 14], ids=["q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q5_K", "q6_K"])
 @pytest.mark.parametrize("threads", [1, 3])
 def test_the_engine_s_matmul_on_packed_weights_is_the_kernel_s_for_any_split(wtype, threads):
     rng = np.random.default_rng(6)
