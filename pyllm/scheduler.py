@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .checks import check_run_settings
+from .embedding import embed_ids
 from .errors import QueueFullError
 from .generation import Completion, Generation, Piece, StopMatcher
 from .kvpool import PREFILL_CHUNK, prefill_chunks
@@ -39,6 +40,12 @@ MAX_STEP_ROWS = 64  # rows of one forward_batch call; more sequences take severa
 class Finished:
     """The job's last event: its Completion (the Pieces' texts join to completion.text)."""
     completion: Completion
+
+
+@dataclass
+class Embedded:
+    """An embedding job's only event on success: its vector (mean pooled, unit length)."""
+    vector: object
 
 
 @dataclass
@@ -84,8 +91,22 @@ class Job:
         self.on_event(Finished(completion))
 
 
+class EmbedJob:
+    """One input of an embeddings request: waits in the engine's queue and runs whole in one step."""
+
+    def __init__(self, ids: list[int], on_event: Callable):
+        self.ids = ids
+        self.on_event = on_event
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
 class Engine:
-    """Jobs waiting and running on one model; step() advances all of them by one token."""
+    """Jobs waiting and running on one model; step() advances all of them by one token and runs
+    at most one waiting embedding input, so an embeddings request delays generation by one input's
+    forward pass per step, and its inputs count against max_queue like waiting generations."""
 
     def __init__(self, model, max_queue: int | None = None):
         self.model = model
@@ -93,6 +114,7 @@ class Engine:
         self.max_queue = max_queue
         self.slots = self.pool.size
         self.waiting: deque[Job] = deque()
+        self.embeds: deque[EmbedJob] = deque()
         self.running: list[Job] = []  # holding a cache: prefilling, then decoding
         self._lock = threading.Lock()  # guards waiting against submitting threads
         self._work = self.pool.batch_sequence(min(self.slots, MAX_STEP_ROWS))
@@ -107,12 +129,30 @@ class Engine:
         sampling.validate(model.vocab_size)
         StopMatcher(stop)
         job = Job(model, ids, sampling, max_tokens, stop, logprobs, on_event)
-        with self._lock:
-            if self.max_queue is not None and len(self.waiting) >= self.max_queue:
-                raise QueueFullError(f"{len(self.waiting)} requests are already waiting (the queue holds "
-                                     f"{self.max_queue}); try again later")
-            self.waiting.append(job)
+        self._enqueue(self.waiting, job)
         return job
+
+    def submit_embedding(self, ids: list[int], *, on_event: Callable) -> EmbedJob:
+        """Queues one embedding input (ids that fit the context); on_event gets Embedded or Failed."""
+        job = EmbedJob(self.model.prompt_ids(ids, "input"), on_event)
+        self._enqueue(self.embeds, job)
+        return job
+
+    def _enqueue(self, queue: deque, job) -> None:
+        with self._lock:
+            if self.max_queue is not None and self.queued >= self.max_queue:
+                raise QueueFullError(f"{self.queued} requests are already waiting (the queue holds "
+                                     f"{self.max_queue}); try again later")
+            queue.append(job)
+
+    def cancel(self, job) -> None:
+        """Ends job: one still waiting leaves the queue at once (its place is free for the next
+        request); a running one leaves at the next step."""
+        job.cancel()
+        with self._lock:
+            for queue in (self.waiting, self.embeds):
+                if job in queue:
+                    queue.remove(job)
 
     @property
     def active(self) -> int:
@@ -120,10 +160,10 @@ class Engine:
 
     @property
     def queued(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.embeds)
 
     def busy(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.embeds)
 
     def step(self) -> None:
         with self.pool.lock:
@@ -133,6 +173,19 @@ class Engine:
             batch = [j for j in list(self.running) if j.logits is not None and self._choose(j)]
             self._decode(batch)
             self._prefill_chunks()
+            self._embed_one()
+
+    def _embed_one(self) -> None:
+        with self._lock:
+            job = self.embeds.popleft() if self.embeds else None
+        if job is None or job.cancelled:
+            return
+        try:
+            vector = embed_ids(self.model.core, job.ids, "mean", True)
+        except Exception as e:  # noqa: BLE001 — the job fails, the engine goes on
+            job.on_event(Failed(e))
+            return
+        job.on_event(Embedded(vector))
 
     def _drop_cancelled(self) -> None:
         with self._lock:
@@ -221,7 +274,7 @@ class Engine:
     def fail_all(self, error: BaseException) -> None:
         """Ends every job with error: what a step that went wrong leaves behind cannot be trusted."""
         with self._lock:
-            jobs, self.waiting = list(self.waiting), deque()
+            jobs, self.waiting, self.embeds = list(self.waiting) + list(self.embeds), deque(), deque()
         for job in list(self.running) + jobs:
             try:
                 self._fail(job, error)
@@ -256,6 +309,10 @@ class Scheduler:
     def slots(self) -> int:
         return self.engine.slots
 
+    @property
+    def max_queue(self) -> int:
+        return self.engine.max_queue
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="pyllm-scheduler", daemon=True)
         self._thread.start()
@@ -275,6 +332,12 @@ class Scheduler:
         self._notify()
         return job
 
+    def submit_embedding(self, ids: list[int], *, on_event: Callable) -> EmbedJob:
+        """As Engine.submit_embedding; the event arrives on the scheduler's thread."""
+        job = self.engine.submit_embedding(ids, on_event=on_event)
+        self._notify()
+        return job
+
     def call(self, fn: Callable) -> concurrent.futures.Future:
         """Runs fn() on the scheduler's thread between two steps (work that needs the model to
         itself, such as embeddings); its result or exception comes back through the Future."""
@@ -284,8 +347,8 @@ class Scheduler:
             self._wake.notify()
         return future
 
-    def cancel(self, job: Job) -> None:
-        job.cancel()
+    def cancel(self, job) -> None:
+        self.engine.cancel(job)
         self._notify()
 
     def _notify(self) -> None:
