@@ -26,8 +26,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
+from . import _core
 from .checks import check_run_settings
-from .embedding import embed_ids
 from .errors import QueueFullError
 from .generation import Completion, Generation, Piece, StopMatcher
 from .kvpool import PREFILL_CHUNK, prefill_chunks
@@ -92,21 +94,41 @@ class Job:
 
 
 class EmbedJob:
-    """One input of an embeddings request: waits in the engine's queue and runs whole in one step."""
+    """One input of an embeddings request (Model.embed's mean pooling, unit length), run through
+    its own sequence one prefill chunk per engine step, so a long input delays the generations
+    as a prompt's prefill does rather than by its whole forward pass."""
 
     def __init__(self, ids: list[int], on_event: Callable):
         self.ids = ids
         self.on_event = on_event
         self.cancelled = False
+        self.seq = None
+        self.total = None  # the sum of the final hidden states so far (float64)
 
     def cancel(self) -> None:
         self.cancelled = True
 
+    def advance(self, core) -> bool:
+        """Runs the next chunk of the input; True once every position is in."""
+        if self.seq is None:
+            self.seq = _core.CoreSequence(core, len(self.ids))
+        a = self.seq.pos
+        b = prefill_chunks(a, len(self.ids))[0][1]
+        _, out = self.seq.forward_traced(self.ids[a:b], {"out_norm": True}, logits=False)
+        rows = out["out_norm"].astype(np.float64).sum(axis=0)
+        self.total = rows if self.total is None else self.total + rows
+        return b == len(self.ids)
+
+    def vector(self) -> np.ndarray:
+        mean = self.total / len(self.ids)
+        norm = np.linalg.norm(mean)
+        return (mean / norm if norm > 0 else mean).astype(np.float32)
+
 
 class Engine:
-    """Jobs waiting and running on one model; step() advances all of them by one token and runs
-    at most one waiting embedding input, so an embeddings request delays generation by one input's
-    forward pass per step, and its inputs count against max_queue like waiting generations."""
+    """Jobs waiting and running on one model; step() advances all of them by one token, and the
+    first embedding input by one prefill chunk (embedding inputs count against max_queue like
+    waiting generations, until their vector is out)."""
 
     def __init__(self, model, max_queue: int | None = None):
         self.model = model
@@ -149,6 +171,9 @@ class Engine:
         """Ends job: one still waiting leaves the queue at once (its place is free for the next
         request); a running one leaves at the next step."""
         job.cancel()
+        self._dequeue(job)
+
+    def _dequeue(self, job) -> None:
         with self._lock:
             for queue in (self.waiting, self.embeds):
                 if job in queue:
@@ -173,19 +198,21 @@ class Engine:
             batch = [j for j in list(self.running) if j.logits is not None and self._choose(j)]
             self._decode(batch)
             self._prefill_chunks()
-            self._embed_one()
+            self._embed_chunk()
 
-    def _embed_one(self) -> None:
+    def _embed_chunk(self) -> None:
         with self._lock:
-            job = self.embeds.popleft() if self.embeds else None
-        if job is None or job.cancelled:
+            job = self.embeds[0] if self.embeds else None
+        if job is None:
             return
         try:
-            vector = embed_ids(self.model.core, job.ids, "mean", True)
+            if not job.advance(self.model.core):
+                return
+            event = Embedded(job.vector())
         except Exception as e:  # noqa: BLE001 — the job fails, the engine goes on
-            job.on_event(Failed(e))
-            return
-        job.on_event(Embedded(vector))
+            event = Failed(e)
+        self._dequeue(job)
+        job.on_event(event)
 
     def _drop_cancelled(self) -> None:
         with self._lock:

@@ -30,6 +30,7 @@ import ipaddress
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -60,7 +61,8 @@ REQUEST_TIMEOUT_S = 30.0  # the time a connection has to send a whole request, h
 MAX_CONNECTIONS = 256  # connections and requests at once; more are answered 503 (serve)
 SHUTDOWN_GRACE_S = 10.0  # how long requests in flight may run on after SIGTERM (serve)
 TEXT_THREADS = 8  # worker threads for parsing, rendering and tokenizing (a slow template holds one)
-LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")  # the Host names a server bound to loopback accepts
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+GIL_SWITCH_S = 0.001  # the Host names a server bound to loopback accepts
 
 log = logging.getLogger("pyllm.server")
 
@@ -818,6 +820,10 @@ def serve(model, source: str, *, host: str = "127.0.0.1", port: int = 8000, api_
     request; past max_connections, requests are answered 503."""
     import uvicorn
 
+    # A thread running Python (a slow chat template) hands the GIL over after this long to the event
+    # loop or the scheduler that asks for it (default 5 ms: a step that takes it back a few times
+    # waited tens of ms)
+    sys.setswitchinterval(GIL_SWITCH_S)
     app = create_app(model, source, api_key=api_key, max_queue=max_queue, max_body=max_body,
                      allowed_hosts=allowed_hosts_for(host, allowed_hosts), shutdown_grace=shutdown_grace)
     server = app.state.server

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -156,13 +157,22 @@ def drop(conn: http.client.HTTPConnection) -> None:
 
 def raw_exchange(url: str, data: bytes, timeout: float = 30) -> bytes:
     """What the server sends back to data written on a fresh connection, until it closes it or
-    has sent a whole answer (a client that stops writing once the server has answered)."""
+    has sent a whole answer."""
+    return send_until_answered(url, [data], timeout)
+
+
+def send_until_answered(url: str, pieces, timeout: float = 30) -> bytes:
+    """Writes pieces on a fresh connection, stopping as soon as the server answers (a client that
+    reads while it writes); returns the answer, read until the server closes or it is whole."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        try:
-            sock.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):  # the server answered and closed mid-body
-            pass
+        for piece in pieces:
+            if select.select([sock], [], [], 0)[0]:
+                break
+            try:
+                sock.sendall(piece)
+            except (BrokenPipeError, ConnectionResetError):  # the server answered and closed mid-body
+                break
         answer = b""
         while True:
             try:

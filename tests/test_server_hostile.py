@@ -4,6 +4,7 @@ malformed JSON, half-sent requests, forged Host headers, and a shutdown with req
 Each answer is OpenAI's error shape, and the other clients go on being served meanwhile."""
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import socket
@@ -20,7 +21,8 @@ from pyllm.sampling import SamplingParams
 from pyllm.scheduler import Embedded, Engine, Scheduler
 
 from server_helpers import (CHAT_TEMPLATE, ServerProcess, drop, make_tiny_chat_checkpoint, open_stream,
-                            parse_answer, raw_exchange, read_events, request, send_only)
+                            parse_answer, raw_exchange, read_events, request, send_only,
+                            send_until_answered)
 
 NO_EOS = {"1": -100}  # the tiny checkpoint's </s> never comes: it runs as long as max_tokens says
 # A template with a slow path a client can take: lipsum builds megabytes of text for seconds.
@@ -45,9 +47,9 @@ def tiny(folder):
 
 
 @pytest.fixture(scope="module")
-def roomy(folder):
-    """Bodies up to 64 MiB, so a 50 MB one is read, parsed and refused for its length."""
-    s = ServerProcess(folder, "--parallel", "2", "--max-body-mb", "64")
+def served(folder):
+    """The default limits, two slots."""
+    s = ServerProcess(folder, "--parallel", "2")
     yield s
     s.stop()
 
@@ -89,47 +91,53 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(strict):
     assert strict.health()["status"] == "ok"
 
 
-def test_a_text_longer_than_the_context_can_hold_is_refused_without_tokenizing(roomy, tiny):
-    mid = mid_of(roomy)
+def test_a_text_longer_than_the_context_can_hold_is_refused_without_tokenizing(served, tiny):
+    mid = mid_of(served)
     text = "word " * 1_000_000  # 5 MB: tokenizing it took the server 6 s
     for path, body, param in [("/v1/completions", {"model": mid, "prompt": text}, "prompt"),
                               ("/v1/completions", {"model": mid, "prompt": ["hi", text]}, "prompt"),
                               ("/v1/embeddings", {"model": mid, "input": text}, "input"),
                               ("/v1/chat/completions", {"model": mid, "messages": [{"role": "user", "content": text}]},
                                "messages")]:
-        status, answer = request(roomy.url, "POST", path, body)
+        status, answer = request(served.url, "POST", path, body)
         assert_error(status, answer, 400, param, "context_length_exceeded")
         assert f"{len(text)} characters" in answer["error"]["message"]
 
 
-def test_while_hostile_clients_are_in_flight_health_and_chat_answer_within_a_second(roomy, tiny):
-    """A 50 MB body, 8 embedding requests abandoned by their clients and 2 chats whose template
-    takes its slow path, all at once: /health and a normal chat answer within 1 s each meanwhile,
-    and the server's memory comes back to within 100 MB of where it was."""
-    mid = mid_of(roomy)
-    client = roomy.client()
+def test_while_hostile_clients_are_in_flight_health_and_chat_answer_within_a_second(served, tiny):
+    """A 50 MB body (sent without a length, so the server reads 8 MiB of it before refusing it),
+    a 5 MB prompt, 8 embedding requests abandoned by their clients and 2 chats whose template takes
+    its slow path, all at once: /health and a normal chat answer within 1 s each meanwhile, and the
+    server's memory comes back to within 100 MB of where it was."""
+    mid = mid_of(served)
+    client = served.client()
     chat = [{"role": "user", "content": "hi"}]
     expected = tiny.chat(chat, max_tokens=4).text
     assert client.chat.completions.create(model=mid, messages=chat, max_tokens=4, temperature=0
                                           ).choices[0].message.content == expected
     client.embeddings.create(model=mid, input="warm up")
-    process = psutil.Process(roomy.proc.pid)
+    process = psutil.Process(served.proc.pid)
     rss_before = process.memory_info().rss
     results: dict = {}
 
     def big_body():
-        body = json.dumps({"model": mid, "prompt": "word " * 10_000_000}).encode()  # 50 MB
-        head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
-        results["big"] = parse_answer(raw_exchange(roomy.url, head + body))
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
+        piece = b"word " * 50_000
+        chunks = (b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(200))  # 50 MB
+        results["big"] = parse_answer(send_until_answered(served.url, itertools.chain([head], chunks)))
+
+    def long_prompt():
+        results["long"] = request(served.url, "POST", "/v1/completions", {"model": mid, "prompt": "word " * 1_000_000})
 
     def hostile_chat(i):
-        results[f"hostile{i}"] = request(roomy.url, "POST", "/v1/chat/completions",
+        results[f"hostile{i}"] = request(served.url, "POST", "/v1/chat/completions",
                                          {"model": mid, "messages": [{"role": "user", "content": "HOSTILE"}]})
 
-    long_input = " ".join(f"word{i % 50}" for i in range(600))  # about 1,000 tokens
-    abandoned = [send_only(roomy.url, "/v1/embeddings", {"model": mid, "input": [long_input] * 8}) for _ in range(8)]
-    load = [threading.Thread(target=big_body)] + [threading.Thread(target=hostile_chat, args=(i,)) for i in range(2)]
+    long_input = " ".join(f"word{i % 50}" for i in range(200))  # about 1,000 tokens
+    abandoned = [send_only(served.url, "/v1/embeddings", {"model": mid, "input": [long_input] * 8}) for _ in range(8)]
+    load = [threading.Thread(target=big_body), threading.Thread(target=long_prompt)]
+    load += [threading.Thread(target=hostile_chat, args=(i,)) for i in range(2)]
     for t in load:
         t.start()
     time.sleep(0.2)
@@ -137,7 +145,7 @@ def test_while_hostile_clients_are_in_flight_health_and_chat_answer_within_a_sec
         drop(conn)
     probes = []
     while any(t.is_alive() for t in load) or not probes:
-        health, health_s = timed(request, roomy.url, "GET", "/health", timeout=5)
+        health, health_s = timed(request, served.url, "GET", "/health", timeout=5)
         answer, chat_s = timed(client.with_options(timeout=5).chat.completions.create, model=mid, messages=chat,
                                max_tokens=4, temperature=0)
         probes.append((health[0], health_s, answer.choices[0].message.content, chat_s))
@@ -146,11 +154,12 @@ def test_while_hostile_clients_are_in_flight_health_and_chat_answer_within_a_sec
     print("probes (health status, s, chat, s):", [(p[0], round(p[1], 3), round(p[3], 3)) for p in probes])
     assert all(status == 200 and health_s < 1 and text == expected and chat_s < 1
                for status, health_s, text, chat_s in probes), probes
-    assert_error(*results["big"], 400, "prompt", "context_length_exceeded")
+    assert_error(*results["big"], 413, None, "request_too_large")
+    assert_error(*results["long"], 400, "prompt", "context_length_exceeded")
     for i in range(2):
         status, body = results[f"hostile{i}"]
         assert status == 400 and body["error"]["code"] in ("context_length_exceeded", "invalid_value"), body
-    health = roomy.wait_idle(timeout=20)
+    health = served.wait_idle(timeout=20)
     assert (health["active"], health["queued"]) == (0, 0)
     deadline = time.monotonic() + 10
     while process.memory_info().rss - rss_before > 100 * 2**20 and time.monotonic() < deadline:
@@ -219,8 +228,8 @@ def test_a_cancelled_job_leaves_the_queue_at_once(tiny):
 # ---- 5: max_tokens past the context ----------------------------------------------------------------
 
 
-def test_max_tokens_past_the_end_of_the_context_is_400_context_length_exceeded(roomy, tiny):
-    mid = mid_of(roomy)
+def test_max_tokens_past_the_end_of_the_context_is_400_context_length_exceeded(served, tiny):
+    mid = mid_of(served)
     messages = [{"role": "user", "content": "hi"}]
     for path, body, param in [
             ("/v1/completions", {"model": mid, "prompt": "hi", "max_tokens": 10**12}, "prompt"),
@@ -229,14 +238,15 @@ def test_max_tokens_past_the_end_of_the_context_is_400_context_length_exceeded(r
             ("/v1/chat/completions", {"model": mid, "messages": messages, "max_tokens": tiny.n_ctx}, "messages"),
             ("/v1/chat/completions", {"model": mid, "messages": messages, "max_completion_tokens": 10**12},
              "messages")]:
-        status, answer = request(roomy.url, "POST", path, body)
+        status, answer = request(served.url, "POST", path, body)
         assert_error(status, answer, 400, param, "context_length_exceeded")
         assert f"maximum context length is {tiny.n_ctx} tokens" in answer["error"]["message"]
-    prompt = len(tiny.tokenize("hi"))
-    status, answer = request(roomy.url, "POST", "/v1/completions",
-                             {"model": mid, "prompt": "hi", "max_tokens": tiny.n_ctx - prompt, "temperature": 0,
-                              "logit_bias": NO_EOS})
-    assert status == 200 and answer["usage"]["completion_tokens"] == tiny.n_ctx - prompt
+    prompt = [5] * (tiny.n_ctx - 4)  # what is left of the context may be asked for, and no more
+    status, answer = request(served.url, "POST", "/v1/completions", {"model": mid, "prompt": prompt, "max_tokens": 5})
+    assert_error(status, answer, 400, "prompt", "context_length_exceeded")
+    status, answer = request(served.url, "POST", "/v1/completions",
+                             {"model": mid, "prompt": prompt, "max_tokens": 4, "temperature": 0, "logit_bias": NO_EOS})
+    assert status == 200 and answer["usage"]["completion_tokens"] == 4
 
 
 # ---- 8: bad bodies, connections, hosts, keys -------------------------------------------------------
@@ -250,8 +260,8 @@ def test_max_tokens_past_the_end_of_the_context_is_400_context_length_exceeded(r
     (b'{"model": "M", "prompt": "hi", "max_tokens": 1' + b"0" * 5000 + b"}", None, "invalid_json"),
     (b"", None, "invalid_json"),
 ], ids=["stop-surrogate", "stop-inner-surrogate", "invalid-utf8", "nested-100k", "5000-digits", "empty"])
-def test_unreadable_bodies_are_400_in_openais_shape_with_a_code(roomy, body, param, code):
-    status, answer = request(roomy.url, "POST", "/v1/completions", body.replace(b'"M"', json.dumps(mid_of(roomy)).encode()))
+def test_unreadable_bodies_are_400_in_openais_shape_with_a_code(served, body, param, code):
+    status, answer = request(served.url, "POST", "/v1/completions", body.replace(b'"M"', json.dumps(mid_of(served)).encode()))
     assert_error(status, answer, 400, param, code)
 
 
