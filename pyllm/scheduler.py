@@ -120,6 +120,9 @@ class EmbedJob:
         return b == len(self.ids)
 
     def vector(self) -> np.ndarray:
+        """The input's vector, once advance() is done; its sequence (a KV cache as long as the
+        input) is freed here rather than when the request lets go of its jobs."""
+        self.seq = None
         mean = self.total / len(self.ids)
         norm = np.linalg.norm(mean)
         return (mean / norm if norm > 0 else mean).astype(np.float32)

@@ -203,7 +203,7 @@ class Server:
         """The request body as a kind (a pydantic model), read and parsed off the event loop."""
         if self.draining:
             raise shutting_down()
-        return await self.off_loop(parse_body, await read_body(request, self.max_body), kind)
+        return await self.off_loop(parse_body, await read_body(request, self.max_body), kind, self.model.n_ctx)
 
     # ---- shutdown -----------------------------------------------------------------------------
 
@@ -396,14 +396,26 @@ async def read_body(request: Request, limit: int) -> bytearray:
     return body
 
 
+def _check_id_lists(given, param: str, n_ctx: int) -> None:
+    """A 400 for a list of token ids (or of such lists) with one longer than n_ctx: 2M ids take
+    pydantic a second of the GIL to validate."""
+    if not isinstance(given, list):
+        return
+    for ids in given if given and isinstance(given[0], list) else [given]:
+        if isinstance(ids, list) and len(ids) > n_ctx:
+            raise APIError(400, f"This model's maximum context length is {n_ctx} tokens, but the {param} has "
+                                f"{len(ids)} tokens", param, "context_length_exceeded")
+
+
 def body_too_large(limit: int) -> APIError:
     return APIError(413, f"The request body is larger than this server accepts ({limit} bytes); "
                          f"send less, or start pyllm serve with a larger --max-body-mb", None, "request_too_large")
 
 
-def parse_body(body: bytearray, kind):
+def parse_body(body: bytearray, kind, n_ctx: int):
     """body as a kind (a pydantic model); JSON that cannot be read (not UTF-8, nested too deep,
-    an integer of thousands of digits) is a 400 invalid_json. Runs on a worker thread."""
+    an integer of thousands of digits) is a 400 invalid_json, token ids longer than the context a
+    400 before they are validated one by one. Runs on a worker thread."""
     try:
         data = json.loads(body)
     except RecursionError:
@@ -412,6 +424,9 @@ def parse_body(body: bytearray, kind):
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an int past Python's digit limit
         raise APIError(400, f"We could not parse the JSON body of your request: {e}", None,
                        "invalid_json") from None
+    if isinstance(data, dict):
+        for param in ("prompt", "input"):
+            _check_id_lists(data.get(param), param, n_ctx)
     try:
         return kind.model_validate(data)
     except ValidationError as e:
