@@ -9,7 +9,8 @@ Each step (Engine.step):
   4. the batch runs as one forward pass (pl_forward_batch: each weight read once for all rows);
   5. prefill chunks run, oldest job first, up to PREFILL_CHUNK positions in all (the first chunk
      always): a long prompt costs the others one chunk's delay per step instead of its whole
-     prefill, and a burst of short prompts is in after one step, so their batch forms at once.
+     prefill, and a burst of short prompts is in after one step, so their batch forms at once;
+  6. the first waiting embedding input runs its next prefill chunk (EmbedJob).
 
 Nothing here changes a job's numbers: its prompt is prefilled in the same position-aligned chunks
 every prefill uses (PREFILL_CHUNK), and a batch row takes the decode path of a solo step, so each job gets

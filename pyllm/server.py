@@ -38,7 +38,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
@@ -492,10 +491,6 @@ def create_app(model, source: str, *, api_key: str | None = None, max_queue: int
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
         return e.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request, e: RequestValidationError):
-        return validation_error(e.errors()).response()
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
