@@ -54,6 +54,17 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _positive(text: str) -> float:
+    """An argparse type: a number > 0 (seconds, MiB)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
 def _sampling(args: argparse.Namespace) -> dict:
     settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                 "min_p": args.min_p, "repetition_penalty": args.repetition_penalty, "seed": args.seed}
@@ -119,7 +130,10 @@ def _serve(args: argparse.Namespace) -> int:
           f"n_ctx {llm.n_ctx}, {llm.kv_dtype} KV cache, {llm.threads} threads{', API key required' if api_key else ''})",
           file=sys.stderr, flush=True)
     server.serve(llm, args.model, host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
-                 log_level=args.log_level, chat_template=template)
+                 log_level=args.log_level, chat_template=template, max_body=int(args.max_body_mb * 2**20),
+                 allowed_hosts=args.allowed_hosts.split(",") if args.allowed_hosts else None,
+                 request_timeout=args.request_timeout, max_connections=args.max_connections,
+                 shutdown_grace=args.shutdown_grace)
     return 0
 
 
@@ -329,6 +343,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a Jinja chat template for /v1/chat/completions, for a model without one (or to "
                             "replace its own)")
     dtype_arg(serve)
+    serve.add_argument("--max-body-mb", type=_positive, default=8,
+                       help="largest request body accepted, in MiB; larger ones get 413 (default 8)")
+    serve.add_argument("--allowed-hosts", default=None,
+                       help="comma-separated Host names to answer ('*': any; default: localhost names when "
+                            "bound to a loopback address, else any)")
+    serve.add_argument("--request-timeout", type=_positive, default=30,
+                       help="seconds a connection has to send a whole request; then it is closed (default 30)")
+    serve.add_argument("--max-connections", type=_count, default=256,
+                       help="connections and requests at once; more are answered 503 (default 256)")
+    serve.add_argument("--shutdown-grace", type=_positive, default=10,
+                       help="seconds requests in flight may run on after SIGTERM/Ctrl-C before they are "
+                            "answered 503 (default 10)")
     kv_dtype_arg(serve)
     serve.set_defaults(func=_serve)
 

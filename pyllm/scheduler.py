@@ -9,7 +9,8 @@ Each step (Engine.step):
   4. the batch runs as one forward pass (pl_forward_batch: each weight read once for all rows);
   5. prefill chunks run, oldest job first, up to PREFILL_CHUNK positions in all (the first chunk
      always): a long prompt costs the others one chunk's delay per step instead of its whole
-     prefill, and a burst of short prompts is in after one step, so their batch forms at once.
+     prefill, and a burst of short prompts is in after one step, so their batch forms at once;
+  6. the first waiting embedding input runs its next prefill chunk (EmbedJob).
 
 Nothing here changes a job's numbers: its prompt is prefilled in the same position-aligned chunks
 every prefill uses (PREFILL_CHUNK), and a batch row takes the decode path of a solo step, so each job gets
@@ -26,6 +27,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
+from . import _core
 from .checks import check_run_settings
 from .errors import QueueFullError
 from .generation import Completion, Generation, Piece, StopMatcher
@@ -39,6 +43,12 @@ MAX_STEP_ROWS = 64  # rows of one forward_batch call; more sequences take severa
 class Finished:
     """The job's last event: its Completion (the Pieces' texts join to completion.text)."""
     completion: Completion
+
+
+@dataclass
+class Embedded:
+    """An embedding job's only event on success: its vector (mean pooled, unit length)."""
+    vector: object
 
 
 @dataclass
@@ -84,8 +94,45 @@ class Job:
         self.on_event(Finished(completion))
 
 
+class EmbedJob:
+    """One input of an embeddings request (Model.embed's mean pooling, unit length), run through
+    its own sequence one prefill chunk per engine step, so a long input delays the generations
+    as a prompt's prefill does rather than by its whole forward pass."""
+
+    def __init__(self, ids: list[int], on_event: Callable):
+        self.ids = ids
+        self.on_event = on_event
+        self.cancelled = False
+        self.seq = None
+        self.total = None  # the sum of the final hidden states so far (float64)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def advance(self, core) -> bool:
+        """Runs the next chunk of the input; True once every position is in."""
+        if self.seq is None:
+            self.seq = _core.CoreSequence(core, len(self.ids))
+        a = self.seq.pos
+        b = prefill_chunks(a, len(self.ids))[0][1]
+        _, out = self.seq.forward_traced(self.ids[a:b], {"out_norm": True}, logits=False)
+        rows = out["out_norm"].astype(np.float64).sum(axis=0)
+        self.total = rows if self.total is None else self.total + rows
+        return b == len(self.ids)
+
+    def vector(self) -> np.ndarray:
+        """The input's vector, once advance() is done; its sequence (a KV cache as long as the
+        input) is freed here rather than when the request lets go of its jobs."""
+        self.seq = None
+        mean = self.total / len(self.ids)
+        norm = np.linalg.norm(mean)
+        return (mean / norm if norm > 0 else mean).astype(np.float32)
+
+
 class Engine:
-    """Jobs waiting and running on one model; step() advances all of them by one token."""
+    """Jobs waiting and running on one model; step() advances all of them by one token, and the
+    first embedding input by one prefill chunk (embedding inputs count against max_queue like
+    waiting generations, until their vector is out)."""
 
     def __init__(self, model, max_queue: int | None = None):
         self.model = model
@@ -93,6 +140,7 @@ class Engine:
         self.max_queue = max_queue
         self.slots = self.pool.size
         self.waiting: deque[Job] = deque()
+        self.embeds: deque[EmbedJob] = deque()
         self.running: list[Job] = []  # holding a cache: prefilling, then decoding
         self._lock = threading.Lock()  # guards waiting against submitting threads
         self._work = self.pool.batch_sequence(min(self.slots, MAX_STEP_ROWS))
@@ -107,12 +155,38 @@ class Engine:
         sampling.validate(model.vocab_size)
         StopMatcher(stop)
         job = Job(model, ids, sampling, max_tokens, stop, logprobs, on_event)
-        with self._lock:
-            if self.max_queue is not None and len(self.waiting) >= self.max_queue:
-                raise QueueFullError(f"{len(self.waiting)} requests are already waiting (the queue holds "
-                                     f"{self.max_queue}); try again later")
-            self.waiting.append(job)
+        self._enqueue(self.waiting, job)
         return job
+
+    def submit_embedding(self, ids: list[int], *, on_event: Callable) -> EmbedJob:
+        """Queues one embedding input (ids that fit the context); on_event gets Embedded or Failed."""
+        job = EmbedJob(self.model.prompt_ids(ids, "input"), on_event)
+        self._enqueue(self.embeds, job)
+        return job
+
+    def _enqueue(self, queue: deque, job) -> None:
+        with self._lock:
+            room = self.max_queue
+            if room is not None and queue is self.waiting:
+                # generations that the next step admits into free slots do not wait: a request of
+                # slots + max_queue jobs fits an idle engine however its submits and the steps interleave
+                room += max(0, self.slots - len(self.running))
+            if room is not None and self.queued >= room:
+                raise QueueFullError(f"{self.queued} requests are already waiting (the queue holds "
+                                     f"{self.max_queue} besides the free slots); try again later")
+            queue.append(job)
+
+    def cancel(self, job) -> None:
+        """Ends job: one still waiting leaves the queue at once (its place is free for the next
+        request); a running one leaves at the next step."""
+        job.cancel()
+        self._dequeue(job)
+
+    def _dequeue(self, job) -> None:
+        with self._lock:
+            for queue in (self.waiting, self.embeds):
+                if job in queue:
+                    queue.remove(job)
 
     @property
     def active(self) -> int:
@@ -120,10 +194,10 @@ class Engine:
 
     @property
     def queued(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.embeds)
 
     def busy(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.embeds)
 
     def step(self) -> None:
         with self.pool.lock:
@@ -133,6 +207,21 @@ class Engine:
             batch = [j for j in list(self.running) if j.logits is not None and self._choose(j)]
             self._decode(batch)
             self._prefill_chunks()
+            self._embed_chunk()
+
+    def _embed_chunk(self) -> None:
+        with self._lock:
+            job = self.embeds[0] if self.embeds else None
+        if job is None:
+            return
+        try:
+            if not job.advance(self.model.core):
+                return
+            event = Embedded(job.vector())
+        except Exception as e:  # noqa: BLE001 — the job fails, the engine goes on
+            event = Failed(e)
+        self._dequeue(job)
+        job.on_event(event)
 
     def _drop_cancelled(self) -> None:
         with self._lock:
@@ -221,7 +310,7 @@ class Engine:
     def fail_all(self, error: BaseException) -> None:
         """Ends every job with error: what a step that went wrong leaves behind cannot be trusted."""
         with self._lock:
-            jobs, self.waiting = list(self.waiting), deque()
+            jobs, self.waiting, self.embeds = list(self.waiting) + list(self.embeds), deque(), deque()
         for job in list(self.running) + jobs:
             try:
                 self._fail(job, error)
@@ -256,6 +345,10 @@ class Scheduler:
     def slots(self) -> int:
         return self.engine.slots
 
+    @property
+    def max_queue(self) -> int:
+        return self.engine.max_queue
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="pyllm-scheduler", daemon=True)
         self._thread.start()
@@ -275,6 +368,12 @@ class Scheduler:
         self._notify()
         return job
 
+    def submit_embedding(self, ids: list[int], *, on_event: Callable) -> EmbedJob:
+        """As Engine.submit_embedding; the event arrives on the scheduler's thread."""
+        job = self.engine.submit_embedding(ids, on_event=on_event)
+        self._notify()
+        return job
+
     def call(self, fn: Callable) -> concurrent.futures.Future:
         """Runs fn() on the scheduler's thread between two steps (work that needs the model to
         itself, such as embeddings); its result or exception comes back through the Future."""
@@ -284,8 +383,8 @@ class Scheduler:
             self._wake.notify()
         return future
 
-    def cancel(self, job: Job) -> None:
-        job.cancel()
+    def cancel(self, job) -> None:
+        self.engine.cancel(job)
         self._notify()
 
     def _notify(self) -> None:

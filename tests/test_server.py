@@ -366,7 +366,7 @@ def test_an_unknown_model_is_404_and_the_served_names_are_accepted(server, mid, 
     assert status == 404 and set(answer["error"]) == {"message", "type", "param", "code"}
 
 
-def test_an_exception_in_a_handler_is_a_500_in_openais_shape_and_the_server_goes_on(tiny_folder):
+def test_an_exception_in_a_handler_is_a_500_in_openais_shape_without_its_text_and_the_server_goes_on(tiny_folder):
     import uvicorn
 
     from pyllm.server import create_app
@@ -388,7 +388,7 @@ def test_an_exception_in_a_handler_is_a_500_in_openais_shape_and_the_server_goes
         url = f"http://127.0.0.1:{port}"
         status, body = request(url, "POST", "/v1/chat/completions", _fill(CHAT, "tiny"))
         assert status == 500 and body["error"]["type"] == "server_error"
-        assert "the template engine broke" in body["error"]["message"]
+        assert "broke" not in body["error"]["message"] and "RuntimeError" not in body["error"]["message"]
         assert request(url, "POST", "/v1/completions", _fill(COMPLETION, "tiny"))[0] == 200
     finally:
         uv.should_exit = True
