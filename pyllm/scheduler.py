@@ -51,8 +51,8 @@ class Job:
     """One generation in an engine. cancel() may be called from any thread."""
 
     def __init__(self, model, ids: list[int], params: SamplingParams, max_tokens: int, stop,
-                 logprobs: int | None, on_event: Callable):
-        self.gen = Generation(model, ids, params, max_tokens, stop, logprobs)
+                 logprobs: int | None, on_event: Callable, grammar: str | None = None):
+        self.gen = Generation(model, ids, params, max_tokens, stop, logprobs, grammar)
         self.on_event = on_event
         self.cache = None         # the pool's Cache while the job holds one
         self.logits = None        # next-token logits once the prompt is in
@@ -98,15 +98,16 @@ class Engine:
         self._work = self.pool.batch_sequence(min(self.slots, MAX_STEP_ROWS))
 
     def submit(self, prompt_ids, *, sampling: SamplingParams, max_tokens: int, stop=None,
-               logprobs: int | None = None, on_event: Callable) -> Job:
+               logprobs: int | None = None, on_event: Callable, grammar: str | None = None) -> Job:
         """Queues a generation of prompt_ids; on_event(event) is called from the thread running
-        step(): zero or more Pieces, then one Finished or Failed."""
+        step(): zero or more Pieces, then one Finished or Failed. grammar (constraints.output_grammar)
+        constrains its output."""
         model = self.model
         ids = model.prompt_ids(prompt_ids)  # ContextLengthError when it does not fit
         check_run_settings(max_tokens, logprobs)
         sampling.validate(model.vocab_size)
         StopMatcher(stop)
-        job = Job(model, ids, sampling, max_tokens, stop, logprobs, on_event)
+        job = Job(model, ids, sampling, max_tokens, stop, logprobs, on_event, grammar)
         with self._lock:
             if self.max_queue is not None and len(self.waiting) >= self.max_queue:
                 raise QueueFullError(f"{len(self.waiting)} requests are already waiting (the queue holds "
@@ -268,10 +269,10 @@ class Scheduler:
             self._thread.join()
 
     def submit(self, prompt_ids, *, sampling: SamplingParams, max_tokens: int, stop=None,
-               logprobs: int | None = None, on_event: Callable) -> Job:
+               logprobs: int | None = None, on_event: Callable, grammar: str | None = None) -> Job:
         """As Engine.submit; events arrive on the scheduler's thread."""
         job = self.engine.submit(prompt_ids, sampling=sampling, max_tokens=max_tokens, stop=stop,
-                                 logprobs=logprobs, on_event=on_event)
+                                 logprobs=logprobs, on_event=on_event, grammar=grammar)
         self._notify()
         return job
 
@@ -314,7 +315,7 @@ class Scheduler:
 
 
 def run_to_completion(model, prompts: list[list[int]], params: SamplingParams, max_tokens: int, stop,
-                      logprobs) -> list[Completion]:
+                      logprobs, grammar: str | None = None) -> list[Completion]:
     """Model.generate over a list: every prompt a job of one engine, stepped until all finish."""
     results: list[Completion | None] = [None] * len(prompts)
 
@@ -329,7 +330,7 @@ def run_to_completion(model, prompts: list[list[int]], params: SamplingParams, m
     engine = Engine(model)
     for i, ids in enumerate(prompts):
         engine.submit(ids, sampling=params, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
-                      on_event=collect(i))
+                      on_event=collect(i), grammar=grammar)
     while engine.busy():
         engine.step()
     return results

@@ -1,0 +1,135 @@
+"""Constrained decoding: output that matches a JSON schema, a regex, one of a list of choices or a
+grammar (Lark, or llama.cpp's GBNF), through llguidance (`pip install "pyllm[structured]"`).
+
+output_grammar() turns what the caller asks into llguidance's grammar text, once per request;
+Constraint is one generation's parser state over it: the mask of the tokens that may come next,
+and the tokens it consumed. llguidance builds its token trie from the model's own `tokenizers`
+object (the same for a folder's tokenizer.json and a GGUF file's vocabulary), once per tokenizer.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from .errors import PyllmError
+
+# Between JSON tokens: a model may indent, but not loop on whitespace until max_tokens (llama.cpp's
+# grammars bound it too). A schema's own "x-guidance" options take precedence.
+JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,20}"
+EXTRA_HINT = 'constrained output needs llguidance: pip install "pyllm[structured]"'
+
+
+def _llguidance():
+    try:
+        import llguidance
+    except ImportError:
+        raise PyllmError(EXTRA_HINT) from None
+    return llguidance
+
+
+def schema_dict(json_schema) -> dict:
+    """A JSON schema given as a dict, a JSON string or a pydantic model class, as a dict."""
+    if isinstance(json_schema, type) and hasattr(json_schema, "model_json_schema"):
+        return json_schema.model_json_schema()
+    if isinstance(json_schema, str):
+        try:
+            json_schema = json.loads(json_schema)
+        except ValueError as e:
+            raise ValueError(f"json_schema is not valid JSON: {e}") from None
+    if not isinstance(json_schema, dict):
+        raise ValueError(f"json_schema must be a dict, a JSON string or a pydantic model class, "
+                         f"got {type(json_schema).__name__}")
+    return json_schema
+
+
+def output_grammar(json_schema=None, regex: str | None = None, choices=None, grammar: str | None = None) -> str | None:
+    """llguidance's grammar text for the one constraint given (None when none is), checked to compile.
+    grammar is Lark (llguidance's dialect) or GBNF; choices a list of strings."""
+    given = [n for n, v in (("json_schema", json_schema), ("regex", regex), ("choices", choices),
+                            ("grammar", grammar)) if v is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ValueError(f"pass one of json_schema, regex, choices and grammar, not {' and '.join(given)}")
+    llg = _llguidance()
+    if json_schema is not None:
+        text = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema_dict(json_schema)),
+                                                       defaults={"whitespace_pattern": JSON_WHITESPACE})
+    elif regex is not None:
+        if not isinstance(regex, str):
+            raise ValueError(f"regex must be a str, got {type(regex).__name__}")
+        text = llg.LLMatcher.grammar_from_regex(regex)
+    elif choices is not None:
+        if isinstance(choices, str) or not all(isinstance(c, str) and c for c in choices) or not choices:
+            raise ValueError("choices must be a non-empty list of non-empty strings")
+        text = llg.grammar_from("choice", list(choices))
+    else:
+        if not isinstance(grammar, str):
+            raise ValueError(f"grammar must be a str (Lark or GBNF), got {type(grammar).__name__}")
+        try:
+            text = llg.grammar_from("grammar", grammar)
+        except ValueError as e:
+            raise ValueError(f"grammar: {e}") from None
+    failed, messages = llg.LLMatcher.validate_grammar_with_warnings(text)
+    if failed:
+        raise ValueError(f"{given[0]} cannot be used: {messages[0]}")
+    return text
+
+
+def llg_tokenizer(tokenizer, n_vocab: int, eos_ids: set[int]):
+    """llguidance's view of a pyllm Tokenizer (its trie takes ~0.1-1 s to build: kept on the tokenizer)."""
+    key = (n_vocab, tuple(sorted(eos_ids)))
+    cached = tokenizer.__dict__.get("_llguidance")
+    if cached is None or cached[0] != key:
+        llg = _llguidance()
+        hf = tokenizer.hf
+        # llguidance reads tokenizer.json's text; padding/truncation settings would change encode()
+        state = json.loads(hf.to_str())
+        state["padding"] = state["truncation"] = None
+        cached = key, llg.LLTokenizer(json.dumps(state), n_vocab=n_vocab, eos_token=list(key[1]))
+        tokenizer.__dict__["_llguidance"] = cached
+    return cached[1]
+
+
+class Constraint:
+    """One generation's parser over a grammar from output_grammar: mask(logits) leaves only the tokens
+    that keep the output a prefix of a match (end of sequence only once it is a whole match),
+    consume(token) advances it; finished once nothing can follow but the end."""
+
+    def __init__(self, model, grammar: str):
+        llg = _llguidance()
+        n_vocab = model.vocab_size
+        self.matcher = llg.LLMatcher(llg_tokenizer(model.tokenizer, n_vocab, model.eos_ids), grammar,
+                                     log_level=0)
+        if self.matcher.is_error():
+            raise ValueError(f"the constraint cannot be used: {self.matcher.get_error()}")
+        self.n_vocab = n_vocab
+        self.bits = np.zeros(-(-n_vocab // 32), dtype=np.int32)
+        self.masked = np.empty(n_vocab, dtype=np.float32)
+
+    def allowed(self) -> np.ndarray:
+        """(n_vocab,) bool: the tokens that may come next."""
+        self.matcher.unsafe_compute_mask_ptr(self.bits.ctypes.data, self.bits.nbytes)
+        return np.unpackbits(self.bits.view(np.uint8), bitorder="little", count=self.n_vocab).view(bool)
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """A copy of logits with the tokens that may not come next at -inf (the model's own logits
+        stay as they are, for logprobs)."""
+        np.copyto(self.masked, -np.inf)
+        np.copyto(self.masked, logits, where=self.allowed())
+        return self.masked
+
+    def consume(self, token: int) -> None:
+        if not self.matcher.consume_token(int(token)):
+            raise PyllmError(f"the constraint rejected token {token}: {self.matcher.get_error()}")
+
+    @property
+    def finished(self) -> bool:
+        """The output is a whole match and nothing may follow it."""
+        return self.matcher.is_stopped()
+
+    @property
+    def complete(self) -> bool:
+        """The output so far is a whole match (more may still follow)."""
+        return self.matcher.is_accepting()
