@@ -14,9 +14,9 @@ import numpy as np
 
 from .errors import PyllmError
 
-# Between JSON tokens: a model may indent, but not loop on whitespace until max_tokens (llama.cpp's
-# grammars bound it too). A schema's own "x-guidance" options take precedence.
-JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,20}"
+# Between JSON tokens: a space, or a new line and an indent, so a model may write pretty JSON but
+# not loop on whitespace until max_tokens (llama.cpp bounds it too). A schema's "x-guidance" wins.
+JSON_WHITESPACE = r"(?:\n {0,16}| )?"
 EXTRA_HINT = 'constrained output needs llguidance: pip install "pyllm[structured]"'
 
 

@@ -305,14 +305,15 @@ class Model:
         return Score(ids, [decode([i]) for i in ids], 1, logprobs,
                      [[(decode([j]), j, lp) for j, lp in alt] for alt in alternatives])
 
-    def render_chat(self, messages: list[dict], chat_template: str | None = None) -> str:
-        """The prompt text the model's chat template makes of messages, ready for the assistant."""
+    def render_chat(self, messages: list[dict], chat_template: str | None = None, tools: list[dict] | None = None) -> str:
+        """The prompt text the model's chat template makes of messages (and tools, OpenAI's function
+        definitions), ready for the assistant."""
         template = chat_template or self.tokenizer.chat_template
         if not template:
             raise ChatTemplateError(
                 f"{self.source} has no chat template; pass chat_template= to chat()")
         return render_chat(template, messages, bos_token=self.tokenizer.bos_token,
-                           eos_token=self.tokenizer.eos_token, add_generation_prompt=True)
+                           eos_token=self.tokenizer.eos_token, add_generation_prompt=True, tools=tools)
 
     def chat(self, messages: list[dict], *, stream: bool = False, chat_template: str | None = None,
              max_tokens: int = 256, **params):

@@ -1,0 +1,118 @@
+"""OpenAI tool calls through a model's own chat template: which call format the template teaches the
+model, a grammar that keeps every call valid JSON of its function's parameter schema, and the
+calls parsed back out of the text.
+
+    Qwen2.5 / Qwen3 (Hermes style)  <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>, one per call
+    Llama 3.1 / 3.2 / 3.3           {"name": ..., "parameters": {...}}, one call
+
+A template that mentions no tools, or a format pyllm does not parse (Mistral's [TOOL_CALLS]), is
+refused (ToolsUnsupported) rather than given a prompt the model was not taught.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from .constraints import JSON_WHITESPACE, output_grammar
+from .errors import PyllmError
+
+
+class ToolsUnsupported(PyllmError, ValueError):
+    """The model's chat template has no tool calls pyllm can prompt for and parse."""
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    prefix: str         # before each call's JSON
+    suffix: str         # after it
+    separator: str      # between parallel calls
+    arguments: str      # the key of the call's arguments
+    parallel: bool      # the template renders several calls in one turn
+    marker: str         # the text a reply that calls tools starts with
+
+
+QWEN = ToolFormat("qwen", "<tool_call>\n", "\n</tool_call>", "\n", "arguments", True, "<tool")
+LLAMA3 = ToolFormat("llama3", "", "", "", "parameters", False, "{")
+
+
+def template_format(template: str | None) -> ToolFormat:
+    """The call format a chat template asks for; ToolsUnsupported when it has none pyllm parses."""
+    template = template or ""
+    if "<tool_call>" in template and "tools" in template:
+        return QWEN
+    if '"parameters": ' in template and "ipython" in template:
+        return LLAMA3
+    if "[TOOL_CALLS]" in template:
+        raise ToolsUnsupported("this model's chat template calls tools with [TOOL_CALLS] (Mistral), "
+                               "which pyllm serve does not parse yet")
+    raise ToolsUnsupported("this model's chat template has no tool support: it cannot be given tools")
+
+
+def _parameters(tool: dict) -> dict:
+    return tool["function"].get("parameters") or {"type": "object", "properties": {}}
+
+
+def calls_grammar(tools: list[dict], fmt: ToolFormat, choice, parallel: bool) -> str | None:
+    """llguidance's grammar for the reply: tool calls only (choice "required" or a named function),
+    free text or tool calls ("auto"), or no constraint (None, for "none")."""
+    if choice == "none":
+        return None
+    if isinstance(choice, dict):
+        tools = [t for t in tools if t["function"]["name"] == choice["function"]["name"]]
+    call = {"oneOf": [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                        fmt.arguments: _parameters(t)},
+                       "required": ["name", fmt.arguments], "additionalProperties": False} for t in tools],
+            "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
+    several = parallel and fmt.parallel
+    call_rule = f"{json.dumps(fmt.prefix)} body {json.dumps(fmt.suffix)}" if fmt.prefix else "body"
+    lines = [f"start: {'calls | TEXT' if choice == 'auto' else 'calls'}",
+             f"calls: {'call (SEP call)*' if several else 'call'}",
+             f"call: {call_rule}",
+             f"body: %json {json.dumps(call)}"]
+    if several:
+        lines.append(f"SEP: {json.dumps(fmt.separator)}")
+    if choice == "auto":  # free text may not begin like a call, so a reply is one or the other
+        lines.append(f"TEXT: /(?s:.+)/ & ~/(?s:{re.escape(fmt.marker)}.*)/")
+    lark = "\n".join(lines) + "\n"
+    return output_grammar(grammar=lark)
+
+
+def parse_calls(text: str, fmt: ToolFormat) -> tuple[str | None, list[dict]]:
+    """(the content before the calls or None, OpenAI's tool_calls); no calls: (text, [])."""
+    if fmt is QWEN:
+        bodies = re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S)
+        content = text.split("<tool_call>", 1)[0].strip() or None
+    else:
+        bodies, content = ([text.strip()] if text.lstrip().startswith("{") else []), None
+    calls = []
+    for body in bodies:
+        try:
+            call = json.loads(body)
+        except ValueError:
+            return text, []
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return text, []
+        arguments = call.get(fmt.arguments, {})
+        calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                      "function": {"name": call["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}})
+    return (content, calls) if calls else (text, [])
+
+
+def template_message(message: dict) -> dict:
+    """An OpenAI message as chat templates read it: a tool call's arguments as a dict (OpenAI sends
+    a JSON string; templates write `arguments | tojson`)."""
+    if not message.get("tool_calls"):
+        return message
+    calls = []
+    for call in message["tool_calls"]:
+        function = dict(call.get("function") or {})
+        if isinstance(function.get("arguments"), str):
+            try:
+                function["arguments"] = json.loads(function["arguments"])
+            except ValueError:
+                pass
+        calls.append({**call, "function": function})
+    return {**message, "tool_calls": calls}
