@@ -1,7 +1,7 @@
 """The `pyllm` command: run a prompt, chat, or describe a model.
 
     pyllm run [MODEL] PROMPT [--max-tokens N --temperature T --top-k K --top-p P --min-p P
-                              --seed S --stop STR ...]
+                              --seed S --stop STR ... --json-schema FILE | --grammar FILE]
     pyllm chat [MODEL]       interactive; /reset clears the history, Ctrl-C stops an answer,
                              Ctrl-D quits; --chat-template FILE for a model without one
     pyllm info [MODEL]       architecture, parameters, dtypes, context, vocabulary, chat template
@@ -60,11 +60,26 @@ def _write(piece: str) -> None:
     sys.stdout.flush()
 
 
+def _output_format(args: argparse.Namespace) -> dict:
+    """--json-schema FILE / --grammar FILE (Lark or GBNF) as stream()'s keywords."""
+    given = {}
+    for key in ("json_schema", "grammar"):
+        path = getattr(args, key)
+        if path is not None:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    given[key] = f.read()
+            except OSError as e:
+                raise PyllmError(f"--{key.replace('_', '-')} {path}: {e.strerror}") from None
+    return given
+
+
 def _run(args: argparse.Namespace) -> int:
+    output_format = _output_format(args)
     llm = load_model(args)
     try:
         for piece in llm.stream(args.prompt, max_tokens=args.max_tokens, stop=args.stop or None,
-                                **_sampling(args)):
+                                **_sampling(args), **output_format):
             _write(piece)
     except KeyboardInterrupt:
         _write("\n")  # end the line, so the shell's prompt starts on its own
@@ -284,6 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("prompt", help="the text to continue")
     sampling_args(run, 128)
     run.add_argument("--stop", action="append", help="stop before this text (repeatable)")
+    constrain = run.add_mutually_exclusive_group()
+    constrain.add_argument("--json-schema", metavar="FILE", help="answer JSON matching this JSON schema "
+                           "(needs pyllm[structured])")
+    constrain.add_argument("--grammar", metavar="FILE", help="answer text matching this Lark or GBNF grammar "
+                           "(needs pyllm[structured])")
     kv_dtype_arg(run)
     run.set_defaults(func=_run)
 

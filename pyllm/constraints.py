@@ -9,6 +9,7 @@ object (the same for a folder's tokenizer.json and a GGUF file's vocabulary), on
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 
@@ -77,19 +78,31 @@ def output_grammar(json_schema=None, regex: str | None = None, choices=None, gra
     return text
 
 
+_building = threading.Lock()
+
+
 def llg_tokenizer(tokenizer, n_vocab: int, eos_ids: set[int]):
-    """llguidance's view of a pyllm Tokenizer (its trie takes ~0.1-1 s to build: kept on the tokenizer)."""
+    """llguidance's view of a pyllm Tokenizer, kept on the tokenizer: building its trie takes seconds
+    at a 150k vocabulary (the server builds it off its event loop, once)."""
     key = (n_vocab, tuple(sorted(eos_ids)))
-    cached = tokenizer.__dict__.get("_llguidance")
-    if cached is None or cached[0] != key:
-        llg = _llguidance()
-        hf = tokenizer.hf
-        # llguidance reads tokenizer.json's text; padding/truncation settings would change encode()
-        state = json.loads(hf.to_str())
-        state["padding"] = state["truncation"] = None
-        cached = key, llg.LLTokenizer(json.dumps(state), n_vocab=n_vocab, eos_token=list(key[1]))
-        tokenizer.__dict__["_llguidance"] = cached
-    return cached[1]
+    with _building:
+        cached = tokenizer.__dict__.get("_llguidance")
+        if cached is None or cached[0] != key:
+            llg = _llguidance()
+            hf = tokenizer.hf
+            text = hf.to_str()
+            if hf.padding is not None or hf.truncation is not None:  # they would change what encode() gives
+                state = json.loads(text)
+                state["padding"] = state["truncation"] = None
+                text = json.dumps(state)
+            cached = key, llg.LLTokenizer(text, n_vocab=n_vocab, eos_token=list(key[1]))
+            tokenizer.__dict__["_llguidance"] = cached
+        return cached[1]
+
+
+def prepare(model) -> None:
+    """Builds llguidance's tokenizer for model now (Constraint would at its first use)."""
+    llg_tokenizer(model.tokenizer, model.vocab_size, model.eos_ids)
 
 
 class Constraint:

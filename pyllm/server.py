@@ -33,10 +33,10 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 
-from . import hub
+from . import constraints, hub
 from .chat import ChatMessageError, ChatTemplateError
-from .embedding import embed_ids
 from .constraints import output_grammar
+from .embedding import embed_ids
 from .errors import ContextLengthError, PyllmError, QueueFullError
 from .generation import StopMatcher
 from .sampling import SamplingParams, SamplingParamsError
@@ -520,6 +520,8 @@ def _chat_output(model, req: ChatRequest) -> Output:
 async def _respond(server: Server, request: Request, req: Sampling, jobs: list[Job], max_tokens: int,
                    logprobs: int | None, kind: str, output: Output):
     events: asyncio.Queue = asyncio.Queue()
+    if output.grammar is not None:  # seconds the first time: not on the event loop
+        await asyncio.to_thread(constraints.prepare, server.model)
     server.submit(jobs, req, max_tokens, logprobs, events, output.grammar)
     rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex
     created = _now()

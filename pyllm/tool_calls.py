@@ -15,7 +15,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from .constraints import JSON_WHITESPACE, output_grammar
+from .constraints import output_grammar
 from .errors import PyllmError
 
 
@@ -65,7 +65,8 @@ def calls_grammar(tools: list[dict], fmt: ToolFormat, choice, parallel: bool) ->
     call = {"oneOf": [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
                                                         fmt.arguments: _parameters(t)},
                        "required": ["name", fmt.arguments], "additionalProperties": False} for t in tools],
-            "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
+            # spaced as the templates write calls back (`tojson`), as the model was taught them
+            "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}}
     several = parallel and fmt.parallel
     call_rule = f"{json.dumps(fmt.prefix)} body {json.dumps(fmt.suffix)}" if fmt.prefix else "body"
     lines = [f"start: {'calls | TEXT' if choice == 'auto' else 'calls'}",

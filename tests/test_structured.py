@@ -323,3 +323,27 @@ def test_tool_calls_streamed(qwen_server):
     expected = plain.choices[0].message.tool_calls
     assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == [
         (c.function.name, json.loads(c.function.arguments)) for c in expected]
+
+
+def test_cli_run_with_a_schema_or_a_grammar(tiny_folder, tmp_path):
+    import subprocess
+    import sys
+
+    schema = tmp_path / "point.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"x": {"type": "integer", "minimum": 0,
+                                                                        "maximum": 9}},
+                                  "required": ["x"], "additionalProperties": False}))
+    grammar = tmp_path / "answer.gbnf"
+    grammar.write_text('root ::= "yes" | "no"\n')
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "pyllm", "run", tiny_folder, "The wheel", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    out = run("--json-schema", str(schema), "--max-tokens", "200")
+    assert out.returncode == 0, out.stderr
+    assert 0 <= json.loads(out.stdout)["x"] <= 9
+    out = run("--grammar", str(grammar), "--temperature", "1", "--seed", "3")
+    assert out.returncode == 0 and out.stdout.strip() in ("yes", "no"), out.stderr
+    out = run("--grammar", str(tmp_path / "missing.gbnf"))
+    assert out.returncode == 1 and "--grammar" in out.stderr and "Traceback" not in out.stderr
