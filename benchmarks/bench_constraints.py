@@ -1,10 +1,11 @@
 """What constrained decoding costs a decode step: llguidance's mask (computed, then applied to the
-logits) per token, beside the step itself, on real vocabularies (SmolLM2 49k, Gemma 3 262k).
+logits) and its parser taking the token, per token, beside the step itself, on real vocabularies
+(SmolLM2 49k, Gemma 3 262k).
 
     python benchmarks/bench_constraints.py [MODEL ...] [--tokens 64] [--threads 2]
 
-For each model it runs the same prompt twice under a JSON schema: once timing every
-Constraint.mask call (pyllm.constraints), once timing whole steps without any constraint. The mask's
+For each model it runs the same prompt twice: under a JSON schema, timing every Constraint.mask and
+.consume call (pyllm.constraints), then without a constraint, timing whole steps. The constraint's
 share is its median time over the median unconstrained step (a forward pass plus sampling).
 """
 from __future__ import annotations
@@ -44,22 +45,28 @@ def step_times(llm, tokens: int) -> list[float]:
     return [b - a for a, b in zip(calls, calls[1:])]
 
 
-def mask_times(llm, tokens: int) -> tuple[list[float], str]:
-    """Seconds of every Constraint.mask call in a constrained generation, and the text it made."""
+def constraint_times(llm, tokens: int) -> tuple[list[float], str]:
+    """Seconds each token spent in the constraint (Constraint.mask, then Constraint.consume) in a
+    constrained generation, and the text it made."""
     spent = []
-    mask = constraints.Constraint.mask
+    mask, consume = constraints.Constraint.mask, constraints.Constraint.consume
 
-    def timed(self, logits):
+    def timed_mask(self, logits):
         t = time.perf_counter()
         out = mask(self, logits)
         spent.append(time.perf_counter() - t)
         return out
 
-    constraints.Constraint.mask = timed
+    def timed_consume(self, token):
+        t = time.perf_counter()
+        consume(self, token)
+        spent[-1] += time.perf_counter() - t
+
+    constraints.Constraint.mask, constraints.Constraint.consume = timed_mask, timed_consume
     try:
         text = llm.generate(PROMPT, max_tokens=tokens, temperature=0.7, seed=0, json_schema=SCHEMA).text
     finally:
-        constraints.Constraint.mask = mask
+        constraints.Constraint.mask, constraints.Constraint.consume = mask, consume
     return spent, text
 
 
@@ -69,12 +76,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    print("| library | model | vocabulary | mask ms/token (median) | mean | p90 | step ms | % of step |")
-    print("|---|---|--:|--:|--:|--:|--:|")
+    print("| library | model | vocabulary | constraint ms/token (median) | mean | p90 | step ms (median) | % of step |")
+    print("|---|---|--:|--:|--:|--:|--:|--:|")
     for name in args.models:
         llm = pyllm.load(name, threads=args.threads)
         llm.generate(PROMPT, max_tokens=4, json_schema=SCHEMA)  # builds llguidance's tokenizer once
-        masks, _ = mask_times(llm, args.tokens)
+        masks, _ = constraint_times(llm, args.tokens)
         steps = step_times(llm, args.tokens)
         mask_ms = statistics.median(masks) * 1e3
         p90 = sorted(masks)[int(0.9 * (len(masks) - 1))] * 1e3
