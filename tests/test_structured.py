@@ -26,7 +26,7 @@ pytest.importorskip("llguidance")
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    folder = make_tiny_checkpoint(str(tmp_path_factory.mktemp("structured")), max_position_embeddings=1024)
+    folder = make_tiny_checkpoint(str(tmp_path_factory.mktemp("structured")), max_position_embeddings=2048)
     path = os.path.join(folder, "tokenizer_config.json")
     with open(path) as f:
         config = json.load(f)
@@ -347,3 +347,45 @@ def test_cli_run_with_a_schema_or_a_grammar(tiny_folder, tmp_path):
     assert out.returncode == 0 and out.stdout.strip() in ("yes", "no"), out.stderr
     out = run("--grammar", str(tmp_path / "missing.gbnf"))
     assert out.returncode == 1 and "--grammar" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_llama3_template_calls_are_constrained_and_parsed(tiny):
+    """Llama 3.x's template asks for one {"name", "parameters"} object: the grammar writes it, the
+    parser reads it back; the calls go back into the template as the next turn."""
+    from pyllm import tool_calls
+
+    template_dir = os.path.join(os.path.dirname(llama_cpp_converter()), "models", "templates")
+    with open(os.path.join(template_dir, "meta-llama-Llama-3.2-3B-Instruct.jinja")) as f:
+        template = f.read()
+    fmt = tool_calls.template_format(template)
+    assert fmt is tool_calls.LLAMA3
+    messages = [{"role": "user", "content": "Weather?"}]
+    prompt = tiny.render_chat(messages, chat_template=template, tools=[WEATHER, TIME])
+    assert "get_weather" in prompt
+    grammar = tool_calls.calls_grammar([WEATHER, TIME], fmt, "required", True)
+    for seed in range(3):
+        c = tiny.generate(prompt, grammar=grammar, max_tokens=200, temperature=1.0, seed=seed)
+        assert c.finish_reason == "stop", c.text
+        content, calls = tool_calls.parse_calls(c.text, fmt)
+        assert content is None and len(calls) == 1
+        params = {"get_weather": WEATHER, "get_time": TIME}[calls[0]["function"]["name"]]["function"]["parameters"]
+        jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), params)
+    turn = tool_calls.template_message({"role": "assistant", "content": None, "tool_calls": calls})
+    after = tiny.render_chat(messages + [turn, {"role": "tool", "tool_call_id": calls[0]["id"], "content": "sunny"}],
+                             chat_template=template, tools=[WEATHER, TIME])
+    assert f'"name": "{calls[0]["function"]["name"]}"' in after and "sunny" in after
+
+
+def test_tool_formats_are_recognised_and_refused():
+    from pyllm import tool_calls
+
+    assert tool_calls.template_format("{% if tools %}<tool_call>{% endif %}") is tool_calls.QWEN
+    with pytest.raises(tool_calls.ToolsUnsupported, match="TOOL_CALLS"):
+        tool_calls.template_format("{% if tools %}[TOOL_CALLS]{% endif %}")
+    with pytest.raises(tool_calls.ToolsUnsupported, match="no tool support"):
+        tool_calls.template_format(CHAT_TEMPLATE)
+    text = 'Sure.<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    content, calls = tool_calls.parse_calls(text, tool_calls.QWEN)
+    assert content == "Sure." and calls[0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
+    assert tool_calls.parse_calls('<tool_call>\n{"name": "f", "argu', tool_calls.QWEN) == (
+        '<tool_call>\n{"name": "f", "argu', [])
