@@ -140,6 +140,14 @@ class Constraint:
             self.masked[np.flatnonzero(~allowed)] = -np.inf
         return self.masked
 
+    def forced(self, limit: int) -> list[int]:
+        """Up to limit tokens the grammar allows no alternative to (a required key's name, say),
+        consumed: they can run through the model in one call instead of a decode step each."""
+        tokens = self.matcher.compute_ff_tokens()[:max(limit, 0)]
+        if tokens and not self.matcher.consume_tokens(tokens):
+            raise PyllmError(f"the constraint rejected its own forced tokens: {self.matcher.get_error()}")
+        return tokens
+
     def consume(self, token: int) -> None:
         if not self.matcher.consume_token(int(token)):
             raise PyllmError(f"the constraint rejected token {token}: {self.matcher.get_error()}")

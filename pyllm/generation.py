@@ -126,10 +126,13 @@ class TextAssembler:
 @dataclass
 class Piece:
     """A generated token and the text it lets through now ("" while UTF-8 or a possible stop
-    string holds it back); logprob as Completion.logprobs lists it, when asked for."""
+    string holds it back); logprob as Completion.logprobs lists it, when asked for. forced: the
+    tokens a constraint allowed no alternative to after it (their text is in text); the next
+    forward pass runs [token_id, *forced]."""
     text: str
     token_id: int
     logprob: dict | None
+    forced: list[int] = field(default_factory=list)
 
 
 def logprob_entry(tokenizer, logits: np.ndarray, token: int, top: int) -> dict:
@@ -182,6 +185,11 @@ class Generation:
         piece = Piece(self.out.feed(token, entry), token, entry)
         if self.constraint is not None:
             self.constraint.consume(token)
+            if self.logprobs is None:  # a forced token has no logits of its own to report
+                room = min(self.max_tokens - len(self.generated), self.n_ctx - len(self.ids) - len(self.generated))
+                piece.forced = self.constraint.forced(room)
+                self.generated += piece.forced
+                piece.text += "".join(self.out.feed(t, None) for t in piece.forced)
             if self.constraint.finished:  # a whole match that nothing may follow: done
                 self.finish_reason = "stop"
                 return piece

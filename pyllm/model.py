@@ -168,7 +168,7 @@ class Model:
                     return
                 with pool.lock:
                     if pool.holds(cache, owner):
-                        logits = pool.step(cache, piece.token_id)
+                        logits = pool.step(cache, piece.token_id, piece.forced)
                     else:  # the pool was full and another generation took this cache
                         cache, logits = pool.prefill(gen.context(), owner)
         finally:

@@ -57,6 +57,7 @@ class Job:
         self.cache = None         # the pool's Cache while the job holds one
         self.logits = None        # next-token logits once the prompt is in
         self.next_token = -1      # the token this step's batch row runs
+        self.forced: list[int] = []  # tokens a constraint forced after it: the job runs alone
         self.cancelled = False
 
     def cancel(self) -> None:
@@ -75,6 +76,7 @@ class Job:
         if self.gen.finish_reason is not None:
             self.finish()
             return None
+        self.forced = piece.forced
         return piece.token_id
 
     def finish(self) -> None:
@@ -179,6 +181,12 @@ class Engine:
         return True
 
     def _decode(self, batch: list[Job]) -> None:
+        for job in [j for j in batch if j.forced]:  # several tokens: a call of their own, as solo
+            try:
+                job.logits = self.pool.step(job.cache, job.next_token, job.forced)
+            except Exception as e:  # noqa: BLE001
+                self._fail(job, e)
+        batch = [j for j in batch if not j.forced]
         for start in range(0, len(batch), MAX_STEP_ROWS):
             group = batch[start:start + MAX_STEP_ROWS]
             try:
