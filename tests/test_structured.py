@@ -98,6 +98,23 @@ def test_pydantic_class_list_stream_and_prefix_reuse(tiny):
     assert tiny.tokens_processed - before < len(tiny.tokenize(prompts[0])) + len(again.token_ids)
 
 
+def test_forced_tokens_run_without_decode_steps_of_their_own(tiny, monkeypatch):
+    """What the grammar forces after a sampled token runs in that token's forward call."""
+    calls = []
+    step = tiny.pool.step
+
+    def counted(cache, token, forced=()):
+        calls.append(1 + len(forced))
+        return step(cache, token, forced)
+
+    monkeypatch.setattr(tiny.pool, "step", counted)
+    literal = "the wheel is built once for each platform"
+    c = tiny.generate("x", grammar=f'start: "{literal}" /[0-9]/', temperature=1.0, seed=0)
+    assert re.fullmatch(re.escape(literal) + "[0-9]", c.text) and c.finish_reason == "stop"
+    assert sum(calls) == len(c.token_ids) - 1  # every token but the last ran, each once
+    assert len(calls) < len(c.token_ids) - 1
+
+
 def test_cut_output_is_never_complete(tiny):
     """max_tokens cuts a JSON object: finish_reason "length", whatever a stop string or the text says."""
     c = tiny.generate("x", json_schema=PERSON, max_tokens=3)
