@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from importlib.metadata import version
 
 import pyllm
 from pyllm import constraints, generation
@@ -86,8 +87,9 @@ def main() -> None:
         mask_ms = statistics.median(masks) * 1e3
         p90 = sorted(masks)[int(0.9 * (len(masks) - 1))] * 1e3
         step_ms = statistics.median(steps) * 1e3
-        print(f"| llguidance {constraints._llguidance().__version__} | {name} | {llm.vocab_size:,} | "
-              f"{mask_ms:.3f} | {1e3 * statistics.mean(masks):.3f} | {p90:.3f} | {step_ms:.1f} | {100 * mask_ms / step_ms:.1f}% |", flush=True)
+        print(f"| llguidance {version("llguidance")} | {name} | {llm.vocab_size:,} | "
+              f"{mask_ms:.3f} | {1e3 * statistics.mean(masks):.3f} | {p90:.3f} | {step_ms:.1f} | "
+              f"{100 * mask_ms / step_ms:.1f}% |", flush=True)
 
 
 if __name__ == "__main__":

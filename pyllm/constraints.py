@@ -41,10 +41,15 @@ def schema_dict(json_schema) -> dict:
     if not isinstance(json_schema, dict):
         raise ValueError(f"json_schema must be a dict, a JSON string or a pydantic model class, "
                          f"got {type(json_schema).__name__}")
+    try:
+        json.dumps(json_schema)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"json_schema is not JSON: {e}") from None
     return json_schema
 
 
-def output_grammar(json_schema=None, regex: str | None = None, choices=None, grammar: str | None = None) -> str | None:
+def output_grammar(json_schema=None, regex: str | None = None, choices=None,
+                   grammar: str | None = None) -> str | None:
     """llguidance's grammar text for the one constraint given (None when none is), checked to compile.
     grammar is Lark (llguidance's dialect) or GBNF; choices a list of strings."""
     given = [n for n, v in (("json_schema", json_schema), ("regex", regex), ("choices", choices),

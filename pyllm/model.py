@@ -305,7 +305,8 @@ class Model:
         return Score(ids, [decode([i]) for i in ids], 1, logprobs,
                      [[(decode([j]), j, lp) for j, lp in alt] for alt in alternatives])
 
-    def render_chat(self, messages: list[dict], chat_template: str | None = None, tools: list[dict] | None = None) -> str:
+    def render_chat(self, messages: list[dict], chat_template: str | None = None,
+                    tools: list[dict] | None = None) -> str:
         """The prompt text the model's chat template makes of messages (and tools, OpenAI's function
         definitions), ready for the assistant."""
         template = chat_template or self.tokenizer.chat_template

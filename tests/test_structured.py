@@ -134,6 +134,8 @@ def test_bad_constraints_are_refused(tiny):
         tiny.generate("x", choices=[])
     with pytest.raises(ValueError, match="json_schema"):
         tiny.generate("x", json_schema=[1])
+    with pytest.raises(ValueError, match="not JSON"):
+        tiny.generate("x", json_schema={"enum": {1, 2}})
 
 
 def test_without_the_extra_the_error_names_it(tiny, monkeypatch):
@@ -229,9 +231,9 @@ def test_openai_parse_and_json_object(smol_server):
         replies = list(pool.map(ask, range(20)))
     for r in replies:
         assert isinstance(r.choices[0].message.parsed, Trip), r.choices[0].message.content
-    r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "A person as JSON: name and age."}],
-                                       response_format={"type": "json_object"}, max_tokens=100, temperature=0,
-                                       extra_body={"top_k": 1})
+    r = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "A person as JSON: name and age."}],
+        response_format={"type": "json_object"}, max_tokens=100, temperature=0)
     assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
     r = client.completions.create(model="smollm2", prompt="A person as JSON:", max_tokens=100, temperature=0,
                                   extra_body={"response_format": {"type": "json_object"}})
