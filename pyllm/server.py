@@ -510,7 +510,7 @@ def _chat_output(model, req: ChatRequest) -> Output:
     tools = [t.model_dump(exclude_none=True) for t in req.tools]
     choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice or "auto"
     try:
-        fmt = template_format(model.tokenizer.chat_template)
+        fmt = template_format(model.tokenizer.chat_template, model.tokenizer)
         grammar = calls_grammar(tools, fmt, choice, req.parallel_tool_calls)
     except (ValueError, PyllmError) as e:
         raise APIError(400, str(e), "tools", "invalid_value") from None

@@ -4,9 +4,11 @@ calls parsed back out of the text.
 
     Qwen2.5 / Qwen3 (Hermes style)  <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>, one per call
     Llama 3.1 / 3.2 / 3.3           {"name": ..., "parameters": {...}}, one call
+    Mistral (Nemo, Small)           [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...], [TOOL_CALLS] the
+                                    control token; call ids of 9 letters and digits, as its template demands
 
-A template that mentions no tools, or a format pyllm does not parse (Mistral's [TOOL_CALLS]), is
-refused (ToolsUnsupported) rather than given a prompt the model was not taught.
+A template that mentions no tools is refused (ToolsUnsupported) rather than given a prompt the model
+was not taught.
 """
 from __future__ import annotations
 
@@ -32,22 +34,34 @@ class ToolFormat:
     arguments: str      # the key of the call's arguments
     parallel: bool      # the template renders several calls in one turn
     marker: str         # the text a reply that calls tools starts with
+    opening: str = ""   # llguidance Lark before the calls (a special token: <[id]>)
+    closing: str = ""   # text after them
+    id_chars: int = 0   # call ids of exactly this many letters and digits (0: OpenAI's call_...)
+
+    def call_id(self) -> str:
+        return uuid.uuid4().hex[:self.id_chars] if self.id_chars else "call_" + uuid.uuid4().hex[:24]
 
 
 QWEN = ToolFormat("qwen", "<tool_call>\n", "\n</tool_call>", "\n", "arguments", True, "<tool")
 LLAMA3 = ToolFormat("llama3", "", "", "", "parameters", False, "{")
+MISTRAL_CALLS = "[TOOL_CALLS]"
 
 
-def template_format(template: str | None) -> ToolFormat:
-    """The call format a chat template asks for; ToolsUnsupported when it has none pyllm parses."""
+def template_format(template: str | None, tokenizer=None) -> ToolFormat:
+    """The call format a chat template asks for; ToolsUnsupported when it has none pyllm parses.
+    Mistral's needs the tokenizer, for its [TOOL_CALLS] token."""
     template = template or ""
     if "<tool_call>" in template and "tools" in template:
         return QWEN
     if '"parameters": ' in template and "ipython" in template:
         return LLAMA3
-    if "[TOOL_CALLS]" in template:
-        raise ToolsUnsupported("this model's chat template calls tools with [TOOL_CALLS] (Mistral), "
-                               "which pyllm serve does not parse yet")
+    if MISTRAL_CALLS in template:
+        token = tokenizer.hf.token_to_id(MISTRAL_CALLS) if tokenizer is not None else None
+        if token is None:
+            raise ToolsUnsupported(f"this model's chat template calls tools with {MISTRAL_CALLS}, "
+                                   f"which its vocabulary has no token for")
+        return ToolFormat("mistral", "", "", ", ", "arguments", True, MISTRAL_CALLS,
+                          f'<[{token}]> "["', "]", 9)
     raise ToolsUnsupported("this model's chat template has no tool support: it cannot be given tools")
 
 
@@ -69,8 +83,11 @@ def calls_grammar(tools: list[dict], fmt: ToolFormat, choice, parallel: bool) ->
             "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}}
     several = parallel and fmt.parallel
     call_rule = f"{json.dumps(fmt.prefix)} body {json.dumps(fmt.suffix)}" if fmt.prefix else "body"
+    calls = "call (SEP call)*" if several else "call"
+    if fmt.opening or fmt.closing:
+        calls = f"{fmt.opening} {calls} {json.dumps(fmt.closing)}"
     lines = [f"start: {'calls | TEXT' if choice == 'auto' else 'calls'}",
-             f"calls: {'call (SEP call)*' if several else 'call'}",
+             f"calls: {calls}",
              f"call: {call_rule}",
              f"body: %json {json.dumps(call)}"]
     if several:
@@ -83,22 +100,23 @@ def calls_grammar(tools: list[dict], fmt: ToolFormat, choice, parallel: bool) ->
 
 def parse_calls(text: str, fmt: ToolFormat) -> tuple[str | None, list[dict]]:
     """(the content before the calls or None, OpenAI's tool_calls); no calls: (text, [])."""
-    if fmt is QWEN:
-        bodies = re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S)
-        content = text.split("<tool_call>", 1)[0].strip() or None
-    else:
-        bodies, content = ([text.strip()] if text.lstrip().startswith("{") else []), None
-    calls = []
-    for body in bodies:
-        try:
-            call = json.loads(body)
-        except ValueError:
-            return text, []
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return text, []
-        arguments = call.get(fmt.arguments, {})
-        calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                      "function": {"name": call["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}})
+    try:
+        if fmt is QWEN:
+            found = [json.loads(b) for b in re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S)]
+            content = text.split("<tool_call>", 1)[0].strip() or None
+        elif fmt is LLAMA3:
+            found, content = ([json.loads(text)] if text.lstrip().startswith("{") else []), None
+        else:
+            before, marker, after = text.partition(fmt.marker)
+            found, content = (json.loads(after) if marker else []), before.strip() or None
+    except ValueError:
+        return text, []
+    if not isinstance(found, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str)
+                                              for c in found):
+        return text, []
+    calls = [{"id": fmt.call_id(), "type": "function",
+              "function": {"name": c["name"], "arguments": json.dumps(c.get(fmt.arguments, {}), ensure_ascii=False)}}
+             for c in found]
     return (content, calls) if calls else (text, [])
 
 

@@ -395,12 +395,53 @@ def test_llama3_template_calls_are_constrained_and_parsed(tiny):
     assert f'"name": "{calls[0]["function"]["name"]}"' in after and "sunny" in after
 
 
-def test_tool_formats_are_recognised_and_refused():
+def test_mistral_template_calls_start_with_its_control_token(tmp_path):
+    """Mistral's [TOOL_CALLS] is a control token: the grammar emits that token (not its spelling),
+    the calls are a JSON list after it, their ids 9 letters and digits as the template demands."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from conftest import english_text
+    from pyllm import tool_calls
+
+    folder = make_tiny_checkpoint(str(tmp_path / "mistral"), max_position_embeddings=2048)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]
+    tok.train_from_iterator([english_text()[:20000]], trainers.BpeTrainer(
+        vocab_size=320, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    template_dir = os.path.join(os.path.dirname(llama_cpp_converter()), "models", "templates")
+    with open(os.path.join(template_dir, "mistralai-Mistral-Nemo-Instruct-2407.jinja")) as f:
+        template = f.read()
+    llm = pyllm.load(folder)
+    fmt = tool_calls.template_format(template, llm.tokenizer)
+    messages = [{"role": "user", "content": "Weather and time?"}]
+    prompt = llm.tokenize(llm.render_chat(messages, chat_template=template, tools=[WEATHER, TIME]),
+                          add_special=False)
+    grammar = tool_calls.calls_grammar([WEATHER, TIME], fmt, "required", True)
+    c = llm.generate(prompt, grammar=grammar, max_tokens=300, temperature=1.0, seed=0)
+    assert c.finish_reason == "stop" and c.token_ids[0] == tok.token_to_id("[TOOL_CALLS]"), c.text
+    content, calls = tool_calls.parse_calls(c.text, fmt)
+    assert content is None and calls
+    for call in calls:
+        assert re.fullmatch(r"[0-9a-z]{9}", call["id"])
+        params = {"get_weather": WEATHER, "get_time": TIME}[call["function"]["name"]]["function"]["parameters"]
+        jsonschema.validate(json.loads(call["function"]["arguments"]), params)
+    turn = tool_calls.template_message({"role": "assistant", "content": None, "tool_calls": calls})
+    after = llm.render_chat(messages + [turn, {"role": "tool", "tool_call_id": calls[0]["id"], "content": "1"}],
+                            chat_template=template, tools=[WEATHER, TIME])
+    assert f'"id": "{calls[0]["id"]}"' in after and f'"call_id": "{calls[0]["id"]}"' in after
+
+
+def test_tool_formats_are_recognised_and_refused(tiny_folder):
     from pyllm import tool_calls
 
     assert tool_calls.template_format("{% if tools %}<tool_call>{% endif %}") is tool_calls.QWEN
-    with pytest.raises(tool_calls.ToolsUnsupported, match="TOOL_CALLS"):
-        tool_calls.template_format("{% if tools %}[TOOL_CALLS]{% endif %}")
+    with pytest.raises(tool_calls.ToolsUnsupported, match="TOOL_CALLS"):  # a vocabulary without the token
+        tool_calls.template_format("{% if tools %}[TOOL_CALLS]{% endif %}", pyllm.load(tiny_folder).tokenizer)
     with pytest.raises(tool_calls.ToolsUnsupported, match="no tool support"):
         tool_calls.template_format(CHAT_TEMPLATE)
     text = 'Sure.<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
