@@ -21,8 +21,6 @@ from families import llama_cpp_converter
 from pyllm.errors import PyllmError
 from server_helpers import CHAT_TEMPLATE, ServerProcess, request
 
-pytest.importorskip("llguidance")
-
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
