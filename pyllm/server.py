@@ -504,7 +504,7 @@ def _format_grammar(response_format) -> str | None:
 
 def _chat_output(model, req: ChatRequest) -> Output:
     """A chat request's constraint: its tools in the call format of the model's template, or its
-    response_format."""
+    response_format (also beside tools that tool_choice "none" keeps from being called)."""
     if not req.tools:
         return Output(_format_grammar(req.response_format))
     tools = [t.model_dump(exclude_none=True) for t in req.tools]
@@ -514,7 +514,9 @@ def _chat_output(model, req: ChatRequest) -> Output:
         grammar = calls_grammar(tools, fmt, choice, req.parallel_tool_calls)
     except (ValueError, PyllmError) as e:
         raise APIError(400, str(e), "tools", "invalid_value") from None
-    return Output(grammar, tools, fmt if choice != "none" else None)
+    if choice == "none":
+        return Output(_format_grammar(req.response_format), tools)
+    return Output(grammar, tools, fmt)
 
 
 async def _respond(server: Server, request: Request, req: Sampling, jobs: list[Job], max_tokens: int,

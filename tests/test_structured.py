@@ -308,6 +308,10 @@ def test_tool_call_round_trip(qwen_server):
     final = client.chat.completions.create(model=name, messages=messages, tools=[WEATHER, TIME],
                                            tool_choice="none", max_tokens=8, seed=0)
     assert final.choices[0].message.tool_calls is None and final.choices[0].message.content
+    as_json = client.chat.completions.create(
+        model=name, messages=messages, tools=[WEATHER, TIME], tool_choice="none", max_tokens=200, seed=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": TIME["function"]["parameters"]}})
+    assert json.loads(as_json.choices[0].message.content)["zone"] in ("UTC", "CET")
     auto = client.chat.completions.create(model=name, messages=messages, tools=[WEATHER, TIME], max_tokens=60,
                                           temperature=1.0, seed=5)
     message = auto.choices[0].message
