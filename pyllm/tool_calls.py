@@ -33,7 +33,7 @@ class ToolFormat:
     separator: str      # between parallel calls
     arguments: str      # the key of the call's arguments
     parallel: bool      # the template renders several calls in one turn
-    marker: str         # the text a reply that calls tools starts with
+    marker: str         # the text that begins the calls: free text ("auto") never holds it
     opening: str = ""   # llguidance Lark before the calls (a special token: <[id]>)
     closing: str = ""   # text after them
     id_chars: int = 0   # call ids of exactly this many letters and digits (0: OpenAI's call_...)
@@ -42,8 +42,8 @@ class ToolFormat:
         return uuid.uuid4().hex[:self.id_chars] if self.id_chars else "call_" + uuid.uuid4().hex[:24]
 
 
-QWEN = ToolFormat("qwen", "<tool_call>\n", "\n</tool_call>", "\n", "arguments", True, "<tool")
-LLAMA3 = ToolFormat("llama3", "", "", "", "parameters", False, "{")
+QWEN = ToolFormat("qwen", "<tool_call>\n", "\n</tool_call>", "\n", "arguments", True, "<tool_call>")
+LLAMA3 = ToolFormat("llama3", "", "", "", "parameters", False, "{")  # only a reply that starts with it
 MISTRAL_CALLS = "[TOOL_CALLS]"
 
 
@@ -92,8 +92,9 @@ def calls_grammar(tools: list[dict], fmt: ToolFormat, choice, parallel: bool) ->
              f"body: %json {json.dumps(call)}"]
     if several:
         lines.append(f"SEP: {json.dumps(fmt.separator)}")
-    if choice == "auto":  # free text may not begin like a call, so a reply is one or the other
-        lines.append(f"TEXT: /(?s:.+)/ & ~/(?s:{re.escape(fmt.marker)}.*)/")
+    if choice == "auto":  # a reply is free text or calls, never text with unconstrained calls in it
+        anywhere = "" if fmt is LLAMA3 else ".*"
+        lines.append(f"TEXT: /(?s:.+)/ & ~/(?s:{anywhere}{re.escape(fmt.marker)}.*)/")
     lark = "\n".join(lines) + "\n"
     return output_grammar(grammar=lark)
 
