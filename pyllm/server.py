@@ -561,11 +561,13 @@ async def _stream(server: Server, jobs: list[Job], events: asyncio.Queue, rid: s
                   want_logprobs: bool, include_usage: bool, output: Output):
     """Server-sent events of one request: chunks as text arrives, a last chunk per choice with its
     finish_reason, the usage chunk if asked for, then [DONE]. Closing the stream cancels the jobs.
-    A reply that may call tools is held until it ends: then its calls go as delta.tool_calls chunks
-    (each call's id and name, then its arguments), or its text as one content chunk."""
+    A reply that may call tools is held while it may still be calls: once it is free text it
+    streams as any other; calls go at the end as delta.tool_calls chunks (each call's id and name,
+    then its arguments)."""
     chat = kind == "chat.completion"
     obj = "chat.completion.chunk" if chat else "text_completion"
     pending = {job: [] for job in jobs}  # logprob entries not yet sent
+    held = {job: "" for job in jobs} if output.calls is not None else {}  # replies that may be calls
     offsets = {job: len(job.prompt_text or "") for job in jobs}
 
     def chunk(job: Job, text: str | None, finish: str | None, entries: list[dict] | None) -> dict:
@@ -599,19 +601,25 @@ async def _stream(server: Server, jobs: list[Job], events: asyncio.Queue, rid: s
             if isinstance(event, Piece):
                 if event.logprob is not None:
                     pending[job].append(event.logprob)
-                if event.text and output.calls is None:
+                text = event.text
+                if job in held:
+                    held[job] += text
+                    if output.calls.may_call(held[job]):
+                        continue
+                    text = held.pop(job)  # free text: sent from here on as it comes
+                if text:
                     entries, pending[job] = pending[job], []
-                    yield {"data": _json(chunk(job, event.text, None, entries if want_logprobs else None))}
+                    yield {"data": _json(chunk(job, text, None, entries if want_logprobs else None))}
             elif isinstance(event, Finished):
                 done[job] = event.completion
                 entries, pending[job] = pending[job], []
                 finish_reason = event.completion.finish_reason
-                if output.calls is not None:
+                if job in held:
                     message, finish_reason = output.message(event.completion)
                     for delta in _held_deltas(message):
-                        held = chunk(job, "", None, None)
-                        held["choices"][0]["delta"] = delta
-                        yield {"data": _json(held)}
+                        out = chunk(job, "", None, None)
+                        out["choices"][0]["delta"] = delta
+                        yield {"data": _json(out)}
                 yield {"data": _json(chunk(job, None if chat else "", finish_reason,
                                            entries if want_logprobs else None))}
             elif isinstance(event, Failed):

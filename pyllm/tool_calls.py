@@ -38,6 +38,10 @@ class ToolFormat:
     closing: str = ""   # text after them
     id_chars: int = 0   # call ids of exactly this many letters and digits (0: OpenAI's call_...)
 
+    def may_call(self, text: str) -> bool:
+        """Whether a reply beginning with text may still be calls (free text never starts so)."""
+        return text.startswith(self.marker) or self.marker.startswith(text)
+
     def call_id(self) -> str:
         return uuid.uuid4().hex[:self.id_chars] if self.id_chars else "call_" + uuid.uuid4().hex[:24]
 

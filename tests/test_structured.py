@@ -342,6 +342,15 @@ def test_tool_calls_streamed(qwen_server):
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls"
     expected = plain.choices[0].message.tool_calls
+    # tool_choice "auto": a reply that turns out to be free text streams as it comes
+    messages = [{"role": "user", "content": "Say hello."}]
+    whole = client.chat.completions.create(model=name, messages=messages, tools=[WEATHER], max_tokens=30,
+                                           temperature=1.0, seed=2)
+    pieces = [c.choices[0].delta.content for c in client.chat.completions.create(
+        model=name, messages=messages, tools=[WEATHER], max_tokens=30, temperature=1.0, seed=2, stream=True)
+        if c.choices and c.choices[0].delta.content]
+    assert whole.choices[0].message.tool_calls is None  # this seed answers in text
+    assert "".join(pieces) == whole.choices[0].message.content and len(pieces) > 1
     assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == [
         (c.function.name, json.loads(c.function.arguments)) for c in expected]
 
