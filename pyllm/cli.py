@@ -1,7 +1,8 @@
 """The `pyllm` command: run a prompt, chat, or describe a model.
 
     pyllm run [MODEL] PROMPT [--max-tokens N --temperature T --top-k K --top-p P --min-p P
-                              --repetition-penalty R --seed S --stop STR ... --dtype D --verbose]
+                              --repetition-penalty R --seed S --stop STR ... --dtype D --verbose
+                              --json-schema FILE | --grammar FILE]
     pyllm chat [MODEL]       interactive (cli_chat.py); /help lists its commands, Ctrl-C stops an
                              answer, Ctrl-D quits; --chat-template FILE for a model without one
     pyllm info [MODEL]       architecture, parameters, dtypes, context, vocabulary, chat template
@@ -87,9 +88,25 @@ def _write(piece: str) -> None:
     sys.stdout.flush()
 
 
+def _output_format(args: argparse.Namespace) -> dict:
+    """--json-schema FILE / --grammar FILE (Lark or GBNF) as stream()'s keywords."""
+    given = {}
+    for key in ("json_schema", "grammar"):
+        path = getattr(args, key)
+        if path is not None:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    given[key] = f.read()
+            except OSError as e:
+                raise PyllmError(f"--{key.replace('_', '-')} {path}: {e.strerror}") from None
+    return given
+
+
 def _run(args: argparse.Namespace) -> int:
+    output_format = _output_format(args)
     llm = load_model(args)
-    stream = llm.stream(args.prompt, max_tokens=args.max_tokens, stop=args.stop or None, **_sampling(args))
+    stream = llm.stream(args.prompt, max_tokens=args.max_tokens, stop=args.stop or None, **_sampling(args),
+                        **output_format)
     started, first = time.perf_counter(), None
     try:
         for piece in stream:
@@ -310,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
     sampling_args(run, 128)
     run.add_argument("--stop", action="append", help="stop before this text (repeatable)")
     dtype_arg(run)
+    constrain = run.add_mutually_exclusive_group()
+    constrain.add_argument("--json-schema", metavar="FILE", help="answer JSON matching this JSON schema "
+                           "(needs pyllm[structured])")
+    constrain.add_argument("--grammar", metavar="FILE", help="answer text matching this Lark or GBNF grammar "
+                           "(needs pyllm[structured])")
     kv_dtype_arg(run)
     run.add_argument("--verbose", "-v", action="store_true",
                      help="after the text, print the token counts and speeds on stderr")

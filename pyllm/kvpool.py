@@ -151,10 +151,11 @@ class KVPool:
             cache.ids = whole_chunks(ids)
             return out
 
-    def step(self, cache: Cache, token: int) -> np.ndarray:
-        """Decodes one token in cache. Decoded keys/values are not reusable: a prefill computes
-        those positions differently, so cache.ids does not grow."""
-        logits = cache.seq.forward([token])
+    def step(self, cache: Cache, token: int, forced: list[int] = ()) -> np.ndarray:
+        """Decodes one token in cache (and the tokens a constraint forced after it, in the same
+        call). Decoded keys/values are not reusable: a prefill computes those positions
+        differently, so cache.ids does not grow."""
+        logits = cache.seq.forward([token, *forced])
         self._touch(cache)
         return logits
 

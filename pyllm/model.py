@@ -15,6 +15,7 @@ from . import _core, scheduler
 from .arch.spec import ModelSpec
 from .chat import ChatTemplateError, render_chat
 from .checks import check_int, check_run_settings, check_text, is_int
+from .constraints import output_grammar
 from .embedding import POOLINGS, embed_ids
 from .errors import ContextLengthError
 from .generation import Completion, Generation, StopMatcher, Stream
@@ -141,13 +142,13 @@ class Model:
         return self._check_ids(self._prompt_ids(prompt), name)
 
     def _run(self, prompt, max_tokens: int, stop, logprobs: int | None, sampling: SamplingParams | None,
-             params: dict, result: dict) -> Iterator[str]:
+             params: dict, result: dict, grammar: str | None) -> Iterator[str]:
         """Text pieces of one generation; leaves the Completion in result["completion"]."""
         settings = _sampling_params(sampling, params)
         ids = self.prompt_ids(prompt)
         check_run_settings(max_tokens, logprobs)
         settings.validate(self.vocab_size)
-        gen = Generation(self, ids, settings, max_tokens, stop, logprobs)
+        gen = Generation(self, ids, settings, max_tokens, stop, logprobs, grammar)
         if gen.finish_reason is None:
             yield from self._decode(gen)
         tail, result["completion"] = gen.finish()
@@ -167,14 +168,15 @@ class Model:
                     return
                 with pool.lock:
                     if pool.holds(cache, owner):
-                        logits = pool.step(cache, piece.token_id)
+                        logits = pool.step(cache, piece.token_id, piece.forced)
                     else:  # the pool was full and another generation took this cache
                         cache, logits = pool.prefill(gen.context(), owner)
         finally:
             pool.release(cache, owner)
 
     def stream(self, prompt, *, max_tokens: int = 128, stop=None, logprobs: int | None = None,
-               sampling: SamplingParams | None = None, **params) -> Stream:
+               sampling: SamplingParams | None = None, json_schema=None, regex: str | None = None,
+               choices=None, grammar: str | None = None, **params) -> Stream:
         """Yields text pieces as tokens arrive, never half a UTF-8 character; after the loop it
         holds what generate() returns: .text, .token_ids, .finish_reason, .usage, .logprobs (and
         .completion, the Completion itself).
@@ -182,6 +184,10 @@ class Model:
         prompt is text or token ids; sampling settings come as a SamplingParams or as keywords
         (temperature, top_k, top_p, min_p, typical_p, repetition_penalty, presence_penalty,
         frequency_penalty, logit_bias, seed).
+
+        One of json_schema (a dict or a pydantic model class), regex, choices (a list of strings)
+        or grammar (Lark or GBNF) constrains the output to match it (pyllm.constraints; the
+        `structured` extra): it ends with finish_reason "stop" only as a whole match.
 
         >>> s = llm.stream("Once upon a time", max_tokens=16)  # doctest: +SKIP
         >>> for piece in s:  # doctest: +SKIP
@@ -195,11 +201,14 @@ class Model:
         _sampling_params(sampling, params)  # bad settings raise here, not at the first next()
         check_run_settings(max_tokens, logprobs)
         StopMatcher(stop)
-        return Stream(self._run(prompt, max_tokens, stop, logprobs, sampling, params, result), result)
+        text = output_grammar(json_schema, regex, choices, grammar)
+        return Stream(self._run(prompt, max_tokens, stop, logprobs, sampling, params, result, text), result)
 
     def generate(self, prompt, *, max_tokens: int = 128, stop=None, logprobs: int | None = None,
-                 sampling: SamplingParams | None = None, **params) -> Completion | list[Completion]:
-        """Continues prompt (text or token ids); greedy unless a temperature is given.
+                 sampling: SamplingParams | None = None, json_schema=None, regex: str | None = None,
+                 choices=None, grammar: str | None = None, **params) -> Completion | list[Completion]:
+        """Continues prompt (text or token ids); greedy unless a temperature is given. json_schema,
+        regex, choices and grammar constrain the output as in stream(), each prompt of a list on its own.
 
         A list of prompts (texts, or lists of ids) is generated together and gives a list of
         Completions, each the one that prompt gets alone (the same seed, the same tokens): up to
@@ -216,10 +225,11 @@ class Model:
             check_run_settings(max_tokens, logprobs)
             StopMatcher(stop)
             settings.validate(self.vocab_size)
+            text = output_grammar(json_schema, regex, choices, grammar)
             prompts = [self.prompt_ids(p) for p in prompt]
-            return scheduler.run_to_completion(self, prompts, settings, max_tokens, stop, logprobs)
-        s = self.stream(prompt, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
-                        sampling=sampling, **params)
+            return scheduler.run_to_completion(self, prompts, settings, max_tokens, stop, logprobs, text)
+        s = self.stream(prompt, max_tokens=max_tokens, stop=stop, logprobs=logprobs, sampling=sampling,
+                        json_schema=json_schema, regex=regex, choices=choices, grammar=grammar, **params)
         for _ in s:
             pass
         return s.completion
@@ -295,14 +305,16 @@ class Model:
         return Score(ids, [decode([i]) for i in ids], 1, logprobs,
                      [[(decode([j]), j, lp) for j, lp in alt] for alt in alternatives])
 
-    def render_chat(self, messages: list[dict], chat_template: str | None = None) -> str:
-        """The prompt text the model's chat template makes of messages, ready for the assistant."""
+    def render_chat(self, messages: list[dict], chat_template: str | None = None,
+                    tools: list[dict] | None = None) -> str:
+        """The prompt text the model's chat template makes of messages (and tools, OpenAI's function
+        definitions), ready for the assistant."""
         template = chat_template or self.tokenizer.chat_template
         if not template:
             raise ChatTemplateError(
                 f"{self.source} has no chat template; pass chat_template= to chat()")
         return render_chat(template, messages, bos_token=self.tokenizer.bos_token,
-                           eos_token=self.tokenizer.eos_token, add_generation_prompt=True)
+                           eos_token=self.tokenizer.eos_token, add_generation_prompt=True, tools=tools)
 
     def chat(self, messages: list[dict], *, stream: bool = False, chat_template: str | None = None,
              max_tokens: int = 256, **params):

@@ -61,12 +61,13 @@ class Job:
     """One generation in an engine. cancel() may be called from any thread."""
 
     def __init__(self, model, ids: list[int], params: SamplingParams, max_tokens: int, stop,
-                 logprobs: int | None, on_event: Callable):
-        self.gen = Generation(model, ids, params, max_tokens, stop, logprobs)
+                 logprobs: int | None, on_event: Callable, grammar: str | None = None):
+        self.gen = Generation(model, ids, params, max_tokens, stop, logprobs, grammar)
         self.on_event = on_event
         self.cache = None         # the pool's Cache while the job holds one
         self.logits = None        # next-token logits once the prompt is in
         self.next_token = -1      # the token this step's batch row runs
+        self.forced: list[int] = []  # tokens a constraint forced after it: the job runs alone
         self.cancelled = False
 
     def cancel(self) -> None:
@@ -85,6 +86,7 @@ class Job:
         if self.gen.finish_reason is not None:
             self.finish()
             return None
+        self.forced = piece.forced
         return piece.token_id
 
     def finish(self) -> None:
@@ -146,15 +148,16 @@ class Engine:
         self._work = self.pool.batch_sequence(min(self.slots, MAX_STEP_ROWS))
 
     def submit(self, prompt_ids, *, sampling: SamplingParams, max_tokens: int, stop=None,
-               logprobs: int | None = None, on_event: Callable) -> Job:
+               logprobs: int | None = None, on_event: Callable, grammar: str | None = None) -> Job:
         """Queues a generation of prompt_ids; on_event(event) is called from the thread running
-        step(): zero or more Pieces, then one Finished or Failed."""
+        step(): zero or more Pieces, then one Finished or Failed. grammar (constraints.output_grammar)
+        constrains its output."""
         model = self.model
         ids = model.prompt_ids(prompt_ids)  # ContextLengthError when it does not fit
         check_run_settings(max_tokens, logprobs)
         sampling.validate(model.vocab_size)
         StopMatcher(stop)
-        job = Job(model, ids, sampling, max_tokens, stop, logprobs, on_event)
+        job = Job(model, ids, sampling, max_tokens, stop, logprobs, on_event, grammar)
         self._enqueue(self.waiting, job)
         return job
 
@@ -267,6 +270,12 @@ class Engine:
         return True
 
     def _decode(self, batch: list[Job]) -> None:
+        for job in [j for j in batch if j.forced]:  # several tokens: a call of their own, as solo
+            try:
+                job.logits = self.pool.step(job.cache, job.next_token, job.forced)
+            except Exception as e:  # noqa: BLE001
+                self._fail(job, e)
+        batch = [j for j in batch if not j.forced]
         for start in range(0, len(batch), MAX_STEP_ROWS):
             group = batch[start:start + MAX_STEP_ROWS]
             try:
@@ -361,10 +370,10 @@ class Scheduler:
             self._thread.join()
 
     def submit(self, prompt_ids, *, sampling: SamplingParams, max_tokens: int, stop=None,
-               logprobs: int | None = None, on_event: Callable) -> Job:
+               logprobs: int | None = None, on_event: Callable, grammar: str | None = None) -> Job:
         """As Engine.submit; events arrive on the scheduler's thread."""
         job = self.engine.submit(prompt_ids, sampling=sampling, max_tokens=max_tokens, stop=stop,
-                                 logprobs=logprobs, on_event=on_event)
+                                 logprobs=logprobs, on_event=on_event, grammar=grammar)
         self._notify()
         return job
 
@@ -413,7 +422,7 @@ class Scheduler:
 
 
 def run_to_completion(model, prompts: list[list[int]], params: SamplingParams, max_tokens: int, stop,
-                      logprobs) -> list[Completion]:
+                      logprobs, grammar: str | None = None) -> list[Completion]:
     """Model.generate over a list: every prompt a job of one engine, stepped until all finish."""
     results: list[Completion | None] = [None] * len(prompts)
 
@@ -428,7 +437,7 @@ def run_to_completion(model, prompts: list[list[int]], params: SamplingParams, m
     engine = Engine(model)
     for i, ids in enumerate(prompts):
         engine.submit(ids, sampling=params, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
-                      on_event=collect(i))
+                      on_event=collect(i), grammar=grammar)
     while engine.busy():
         engine.step()
     return results

@@ -44,14 +44,16 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from . import _core, hub
+from . import _core, constraints, hub
 from .chat import ChatMessageError, ChatTemplateError
 from .checks import check_text
-from .errors import ContextLengthError, QueueFullError
+from .constraints import output_grammar
+from .errors import ContextLengthError, PyllmError, QueueFullError
 from .generation import StopMatcher
 from .sampling import SamplingParams, SamplingParamsError
 from .scheduler import Embedded, Failed, Finished, Piece, Scheduler
 from .server_api import ChatRequest, CompletionRequest, EmbeddingRequest, Sampling
+from .tool_calls import ToolFormat, calls_grammar, parse_calls, template_format, template_message
 
 DISCONNECT_POLL_S = 0.5  # how often a request waiting for a whole answer checks that its client is there
 MAX_BODY_BYTES = 8 * 2**20  # a request body larger than this is refused (413) before it is read
@@ -311,14 +313,14 @@ class Server:
     # ---- running jobs ---------------------------------------------------------------------------
 
     def submit(self, jobs: list[Job], req: Sampling, max_tokens: int, logprobs: int | None,
-               events: asyncio.Queue) -> None:
+               events: asyncio.Queue, grammar: str | None = None) -> None:
         """Submits every job, or none: a full queue or a refused job cancels those already in."""
         stop = self.stops(req)
         settings = [self.sampling(req, j.index % req.n) for j in jobs]
         self.check_capacity(len(jobs), "n" if req.n > 1 else "prompt")
         self.enqueue(jobs, events, lambda job, sampling, on_event: self.scheduler.submit(
             job.prompt_ids, sampling=sampling, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
-            on_event=on_event), settings)
+            on_event=on_event, grammar=grammar), settings)
 
     def enqueue(self, jobs: list, events: asyncio.Queue, start, settings: list) -> None:
         """job.handle = start(job, setting, on_event) for every job, or none: a full queue or a
@@ -539,13 +541,14 @@ def create_app(model, source: str, *, api_key: str | None = None, max_queue: int
                 server.check_room(len(ids), req.max_tokens, "prompt")
         jobs = [Job(p * req.n + i, p, ids, text) for p, (ids, text) in enumerate(prompts) for i in range(req.n)]
         max_tokens = 16 if req.max_tokens is None else req.max_tokens  # as OpenAI; the context's end may cut it
-        return await _respond(server, request, req, jobs, max_tokens, req.logprobs, "text_completion")
+        output = Output(_format_grammar(req.response_format))
+        return await _respond(server, request, req, jobs, max_tokens, req.logprobs, "text_completion", output)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = await server.parse(request, ChatRequest)
         server.check_model(req.model)
-        ids = await server.off_loop(_chat_prompt, server, req)
+        ids, output = await server.off_loop(_chat_prompt, server, req)
         jobs = [Job(i, 0, ids, None) for i in range(req.n)]
         limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if limit is not None:
@@ -554,7 +557,7 @@ def create_app(model, source: str, *, api_key: str | None = None, max_queue: int
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs", "invalid_value")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        return await _respond(server, request, req, jobs, max_tokens, logprobs, "chat.completion")
+        return await _respond(server, request, req, jobs, max_tokens, logprobs, "chat.completion", output)
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):
@@ -688,6 +691,8 @@ def validation_error(errors) -> APIError:
     if first["type"] in ("unsupported", "unknown"):
         return APIError(400, first["msg"], param, first["type"] == "unsupported" and "unsupported_parameter"
                         or "unknown_parameter")
+    if not loc and ctx.get("param"):  # a check across fields, naming the parameter at fault
+        return APIError(400, first["msg"], param, "invalid_value")
     if not loc:
         return APIError(400, f"the request body must be a JSON object: {first['msg']}", None, "invalid_type")
     same = [e for e in errors if [str(x) for x in e["loc"] if x != "body"][:1] == loc[:1]]
@@ -715,21 +720,24 @@ def _prompts(server: Server, prompt) -> list[tuple[list[int], str]]:
     return out
 
 
-def _chat_prompt(server: Server, req: ChatRequest) -> list[int]:
-    """The token ids of the messages rendered by the model's chat template. Runs on a worker thread."""
-    if not (server.chat_template or server.model.tokenizer.chat_template):
+def _chat_prompt(server: Server, req: ChatRequest) -> tuple[list[int], "Output"]:
+    """The token ids of the messages (and tools) rendered by the chat template, and what the reply
+    is constrained to. Runs on a worker thread."""
+    template = server.chat_template or server.model.tokenizer.chat_template
+    if not template:
         raise APIError(400, f"the model {server.id} has no chat template, so chat messages cannot be "
                             f"rendered: send a prompt to /v1/completions, or start the server with "
                             f"`pyllm serve --chat-template FILE`", "messages", "invalid_value")
-    messages = [m.as_dict() for m in req.messages]
-    server.check_length(sum(len(m["content"]) for m in messages), "messages")
+    output = _chat_output(server.model, template, req)
+    messages = [template_message(m.as_dict()) for m in req.messages]
+    server.check_length(sum(len(m.get("content") or "") for m in messages), "messages")
     try:
-        prompt = server.model.render_chat(messages, server.chat_template)
+        prompt = server.model.render_chat(messages, template, tools=output.tools)
     except (ChatTemplateError, ChatMessageError) as e:
         raise APIError(400, str(e), "messages", "invalid_value") from None
     ids = server.tokenize(prompt, "messages", add_special=False)  # as Model.chat does
     server.check_fits(ids, "messages")
-    return ids
+    return ids, output
 
 
 def _embedding_inputs(server: Server, given: list) -> list[list[int]]:
@@ -740,17 +748,67 @@ def _embedding_inputs(server: Server, given: list) -> list[list[int]]:
     return inputs
 
 
+class Output:
+    """What a request constrains its reply to (llguidance's grammar, or None) and, when it gives
+    tools, the template's call format to parse the reply's calls back out of."""
+
+    def __init__(self, grammar: str | None, tools: list[dict] | None = None, calls: ToolFormat | None = None):
+        self.grammar = grammar
+        self.tools = tools
+        self.calls = calls
+
+    def message(self, completion) -> tuple[dict, str]:
+        """The chat reply's message and finish_reason: parsed tool calls end it with "tool_calls"."""
+        content, calls = (parse_calls(completion.text, self.calls) if self.calls is not None
+                          else (completion.text, []))
+        message = {"role": "assistant", "content": content, "refusal": None}
+        if not calls:
+            return message, completion.finish_reason
+        return {**message, "tool_calls": calls}, "tool_calls"
+
+
+def _format_grammar(response_format) -> str | None:
+    """The grammar of a response_format (None for text)."""
+    schema = response_format.schema() if response_format is not None else None
+    if schema is None:
+        return None
+    try:
+        return output_grammar(json_schema=schema)
+    except (ValueError, PyllmError) as e:
+        raise APIError(400, f"response_format: {e}", "response_format", "invalid_value") from None
+
+
+def _chat_output(model, template: str, req: ChatRequest) -> Output:
+    """A chat request's constraint: its tools in the call format of the model's template, or its
+    response_format (also beside tools that tool_choice "none" keeps from being called)."""
+    if not req.tools:
+        return Output(_format_grammar(req.response_format))
+    tools = [t.model_dump(exclude_none=True) for t in req.tools]
+    choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice or "auto"
+    try:
+        fmt = template_format(template, model.tokenizer)
+        grammar = calls_grammar(tools, fmt, choice, req.parallel_tool_calls)
+    except (ValueError, PyllmError) as e:
+        raise APIError(400, str(e), "tools", "invalid_value") from None
+    if choice == "none":
+        return Output(_format_grammar(req.response_format), tools)
+    return Output(grammar, tools, fmt)
+
+
 async def _respond(server: Server, request: Request, req: Sampling, jobs: list[Job], max_tokens: int,
-                   logprobs: int | None, kind: str):
+                   logprobs: int | None, kind: str, output: Output):
     events: asyncio.Queue = asyncio.Queue()
-    server.submit(jobs, req, max_tokens, logprobs, events)
+    if output.grammar is not None:  # seconds the first time: not on the event loop
+        await asyncio.to_thread(constraints.prepare, server.model)
+    server.submit(jobs, req, max_tokens, logprobs, events, output.grammar)
     rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex
     created = _now()
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         # at shutdown, sse-starlette would cut the stream at once: the stream ends itself (503 event)
         return EventSourceResponse(_stream(server, jobs, events, rid, created, kind, logprobs is not None,
-                                           include_usage), ping=15, shutdown_grace_period=server.shutdown_grace + 5)
+                                           include_usage, output), ping=15,
+                                   shutdown_grace_period=server.shutdown_grace + 5)
     try:
         done = await server.results(request, jobs, events)
     except ContextLengthError as e:
@@ -759,9 +817,10 @@ async def _respond(server: Server, request: Request, req: Sampling, jobs: list[J
     for job in jobs:
         c = done[job]
         if kind == "chat.completion":
-            choices.append({"index": job.index, "message": {"role": "assistant", "content": c.text, "refusal": None},
+            message, finish_reason = output.message(c)
+            choices.append({"index": job.index, "message": message,
                             "logprobs": chat_logprobs(c.logprobs) if logprobs is not None else None,
-                            "finish_reason": c.finish_reason})
+                            "finish_reason": finish_reason})
         else:
             choices.append({"index": job.index, "text": c.text, "finish_reason": c.finish_reason,
                             "logprobs": (completion_logprobs(c.logprobs, len(job.prompt_text))
@@ -777,12 +836,16 @@ def _request_usage(jobs: list[Job], done: dict) -> dict:
 
 
 async def _stream(server: Server, jobs: list[Job], events: asyncio.Queue, rid: str, created: int, kind: str,
-                  want_logprobs: bool, include_usage: bool):
+                  want_logprobs: bool, include_usage: bool, output: Output):
     """Server-sent events of one request: chunks as text arrives, a last chunk per choice with its
-    finish_reason, the usage chunk if asked for, then [DONE]. Closing the stream cancels the jobs."""
+    finish_reason, the usage chunk if asked for, then [DONE]. Closing the stream cancels the jobs.
+    A reply that may call tools is held while it may still be calls: once it is free text it
+    streams as any other; calls go at the end as delta.tool_calls chunks (each call's id and name,
+    then its arguments)."""
     chat = kind == "chat.completion"
     obj = "chat.completion.chunk" if chat else "text_completion"
     pending = {job: [] for job in jobs}  # logprob entries not yet sent
+    held = {job: "" for job in jobs} if output.calls is not None else {}  # replies that may be calls
     offsets = {job: len(job.prompt_text or "") for job in jobs}
 
     def chunk(job: Job, text: str | None, finish: str | None, entries: list[dict] | None) -> dict:
@@ -816,13 +879,26 @@ async def _stream(server: Server, jobs: list[Job], events: asyncio.Queue, rid: s
             if isinstance(event, Piece):
                 if event.logprob is not None:
                     pending[job].append(event.logprob)
-                if event.text:
+                text = event.text
+                if job in held:
+                    held[job] += text
+                    if output.calls.may_call(held[job]):
+                        continue
+                    text = held.pop(job)  # free text: sent from here on as it comes
+                if text:
                     entries, pending[job] = pending[job], []
-                    yield {"data": _json(chunk(job, event.text, None, entries if want_logprobs else None))}
+                    yield {"data": _json(chunk(job, text, None, entries if want_logprobs else None))}
             elif isinstance(event, Finished):
                 done[job] = event.completion
                 entries, pending[job] = pending[job], []
-                yield {"data": _json(chunk(job, None if chat else "", event.completion.finish_reason,
+                finish_reason = event.completion.finish_reason
+                if job in held:
+                    message, finish_reason = output.message(event.completion)
+                    for delta in _held_deltas(message):
+                        out = chunk(job, "", None, None)
+                        out["choices"][0]["delta"] = delta
+                        yield {"data": _json(out)}
+                yield {"data": _json(chunk(job, None if chat else "", finish_reason,
                                            entries if want_logprobs else None))}
             elif isinstance(event, Failed):
                 raise event.error
@@ -844,6 +920,17 @@ async def _stream(server: Server, jobs: list[Job], events: asyncio.Queue, rid: s
     finally:
         if len(done) < len(jobs):
             server.cancel(jobs)
+
+
+def _held_deltas(message: dict) -> list[dict]:
+    """The deltas of a reply held back until its end: its text, then each tool call as OpenAI
+    streams one (index, id, type and name with empty arguments, then the arguments)."""
+    deltas = [{"content": message["content"]}] if message["content"] else []
+    for i, call in enumerate(message.get("tool_calls", [])):
+        deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                       "function": {"name": call["function"]["name"], "arguments": ""}}]})
+        deltas.append({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]})
+    return deltas
 
 
 def serve(model, source: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
