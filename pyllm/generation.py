@@ -158,6 +158,7 @@ class Generation:
         self.logprobs = logprobs
         self.out = TextAssembler(model.tokenizer, stop, len(ids), logprobs is not None)
         self.generated: list[int] = []
+        self.speculator = None  # speculative decoding's state (pyllm.speculative), for the usage
         # max_tokens=0 ends before the prompt runs: nothing generated
         self.finish_reason: str | None = "length" if max_tokens == 0 else None
 
@@ -165,11 +166,13 @@ class Generation:
         """What the cache must hold before the next token: the prompt, and the tokens generated."""
         return self.ids + self.generated if self.generated else self.ids
 
-    def step(self, logits: np.ndarray) -> Piece | None:
-        """The next token sampled from logits, or None at an end-of-sequence token. Sets
-        finish_reason when the generation ends here: "stop" at end of sequence, "length" (made
-        "stop" by finish() after a stop string) at a stop string, max_tokens, or a full context."""
-        token = self.sampler.sample(logits, self.ids, self.generated)
+    def step(self, logits: np.ndarray, token: int | None = None) -> Piece | None:
+        """The next token sampled from logits (or token, where speculative decoding's rejection
+        sampling chose it from them), or None at an end-of-sequence token. Sets finish_reason when
+        the generation ends here: "stop" at end of sequence, "length" (made "stop" by finish()
+        after a stop string) at a stop string, max_tokens, or a full context."""
+        if token is None:
+            token = self.sampler.sample(logits, self.ids, self.generated)
         if token in self.eos_ids:
             self.finish_reason = "stop"
             return None
@@ -183,7 +186,10 @@ class Generation:
 
     def finish(self) -> tuple[str, Completion]:
         """(the last text piece, the Completion)."""
-        return self.out.finish(self.finish_reason or "length")
+        tail, completion = self.out.finish(self.finish_reason or "length")
+        if self.speculator is not None:
+            completion.usage.update(self.speculator.usage())
+        return tail, completion
 
 
 class Stream:
