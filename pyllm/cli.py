@@ -52,6 +52,7 @@ def load_model(args: argparse.Namespace, **settings):
     settings.setdefault("threads", args.threads)
     settings.setdefault("n_ctx", getattr(args, "n_ctx", None))
     settings.setdefault("kv_dtype", getattr(args, "kv_dtype", None))
+    settings.setdefault("speculative", getattr(args, "speculative", None))
     return load(args.model, file=args.file, revision=args.revision, **settings)
 
 
@@ -174,7 +175,8 @@ def _serve(args: argparse.Namespace) -> int:
     llm = load_model(args, parallel=args.parallel)
     api_key = args.api_key if args.api_key is not None else os.environ.get("PYLLM_API_KEY") or None
     print(f"pyllm serve: {llm.source} on http://{args.host}:{args.port}/v1 ({args.parallel} slots, "
-          f"n_ctx {llm.n_ctx}, {llm.kv_dtype} KV cache, {llm.threads} threads{', API key required' if api_key else ''})",
+          f"n_ctx {llm.n_ctx}, {llm.kv_dtype} KV cache, {llm.threads} threads"
+          f"{f', speculative {llm.speculative.name}' if llm.speculative else ''}{', API key required' if api_key else ''})",
           file=sys.stderr, flush=True)
     server.serve(llm, args.model, host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
                  log_level=args.log_level)
@@ -270,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="the KV cache's element type: f16 halves its memory and bandwidth (long contexts), "
                             "q8_0 about quarters it (default: f16 for quantized weights, f32 for float ones)")
 
+    def speculative_arg(p):
+        p.add_argument("--speculative", metavar="lookup|draft:FILE|self:N", default=None,
+                       help="speculative decoding, the same output: lookup (n-grams of the prompt: editing, "
+                            "summaries), draft:FILE (a smaller model with the same tokenizer), self:N (the "
+                            "model's first N layers)")
+
     def sampling_args(p, max_tokens):
         p.add_argument("--max-tokens", type=_count, default=max_tokens)
         p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
@@ -285,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     sampling_args(run, 128)
     run.add_argument("--stop", action="append", help="stop before this text (repeatable)")
     kv_dtype_arg(run)
+    speculative_arg(run)
     run.set_defaults(func=_run)
 
     chat = sub.add_parser("chat", help="talk to a chat model")
@@ -294,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--chat-template", metavar="FILE", default=None,
                       help="a Jinja chat template, for a model without one (or to replace its own)")
     kv_dtype_arg(chat)
+    speculative_arg(chat)
     chat.set_defaults(func=_chat)
 
     serve = sub.add_parser("serve", help="serve a model over OpenAI's HTTP API (needs pyllm[server])")
@@ -309,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="require Authorization: Bearer KEY (default: $PYLLM_API_KEY, else none)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     kv_dtype_arg(serve)
+    speculative_arg(serve)
     serve.set_defaults(func=_serve)
 
     info = sub.add_parser("info", help="describe a model")

@@ -76,9 +76,9 @@ class Speculation:
 
 
 def parse(value, model) -> Speculation | None:
-    """The Speculation value names for model: "lookup", "self:N" (N in [1, layers)), "draft:FILE"
-    (any source pyllm.load takes: loaded with the model's threads and context, on its pool), a
-    Model (the draft), a Speculation as it is; None, False, "" or "off" for none."""
+    """The Speculation value names for model: "lookup", "self:N" (N in [1, layers)), a Model (the
+    draft: pyllm.load(target, speculative="draft:FILE") loads one), a Speculation as it is; None,
+    False, "" or "off" for none."""
     if value is None or value is False or value == "" or value == "off":
         return None
     if isinstance(value, Speculation):
@@ -93,10 +93,9 @@ def parse(value, model) -> Speculation | None:
                 raise ValueError(f"self:N needs N in [1, {model.spec.n_layers - 1}] (the model has "
                                  f"{model.spec.n_layers} layers), got {value!r}")
             return Speculation("self", layers=layers, name=value)
-        if kind == "draft" and arg:
-            from .loader import load
-            draft = load(arg, threads=model.threads, n_ctx=model.n_ctx, parallel=1)
-            return with_draft(model, draft, name=f"draft:{os.path.basename(arg.rstrip('/'))}")
+        if kind == "draft":
+            raise ValueError(f"{value!r}: pass the draft as a loaded Model, or load the target with "
+                             f"pyllm.load(..., speculative={value!r}), which loads the draft once")
         raise ValueError(f"speculative must be 'lookup', 'self:N' or 'draft:FILE', got {value!r}")
     if hasattr(value, "tokenizer") and hasattr(value, "core"):
         return with_draft(model, value)
