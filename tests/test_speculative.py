@@ -202,3 +202,21 @@ def test_the_real_gemma3_file_speculates_exactly(gemma3_gguf):
     text = "The river runs past the old mill. " * 4
     plain = llm.generate(text, max_tokens=32, logprobs=2)
     _same_run(plain, llm.generate(text, max_tokens=32, logprobs=2, speculative="lookup"))
+
+
+@pytest.mark.slow  # a server process: ~10 s
+def test_the_server_speculates_with_its_flag_and_reports_the_counts(tmp_path):
+    from server_helpers import ServerProcess, make_tiny_chat_checkpoint, request
+
+    folder = make_tiny_chat_checkpoint(str(tmp_path / "chat"))
+    expected = pyllm.load(folder).generate(PROMPT, max_tokens=24)
+    server = ServerProcess(folder, "--speculative", f"draft:{folder}", "--parallel", "1")  # takes every draft
+    try:
+        status, body = request(server.url, "POST", "/v1/completions",
+                               {"model": "chat", "prompt": PROMPT, "max_tokens": 24, "temperature": 0})
+    finally:
+        server.stop()
+    assert status == 200, body
+    assert body["choices"][0]["text"] == expected.text
+    details = body["usage"]["completion_tokens_details"]
+    assert details["accepted_prediction_tokens"] > 0 and details["rejected_prediction_tokens"] == 0
