@@ -102,33 +102,33 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     print(f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, "
-          f"{args.threads} threads; load average at start {os.getloadavg()}; pyllm commit {commit}")
+          f"{args.threads} threads; load average at start {os.getloadavg()}; pyllm commit {commit}", flush=True)
     print(f"- greedy, {args.max_tokens} tokens at most, best of {args.rounds} rounds, a fresh cache each")
-    rows = []
+    print("| target | task | prompt tokens | proposer | tokens | decode tok/s | end-to-end tok/s | accepted/proposed "
+          "| decode vs plain |")
+    print("|---|---|--:|---|--:|--:|--:|--:|--:|", flush=True)
+
+    def row(target, task, n_prompt, proposer, n, decode, total, counts, ratio):
+        print(f"| {target} | {task} | {n_prompt} | {proposer} | {n} | {decode:.1f} | {total:.1f} | {counts} | "
+              f"{ratio:.2f}x |", flush=True)
+
     for source, draft, proposers in setups:
         llm = pyllm.load(source, threads=args.threads,
                          speculative=f"draft:{draft}" if draft else None)
         drafted = llm.speculative
-        print(f"- {os.path.basename(source)}: a verifying call of n rows against a step: {verify_costs(llm)}")
+        print(f"- {os.path.basename(source)}: a verifying call of n rows against a step: {verify_costs(llm)}",
+              flush=True)
         for task, messages in tasks().items():
             ids = llm.tokenizer.encode(llm.render_chat(messages), add_special=False)
             plain, decode0, total0 = timed(llm, ids, args.max_tokens, "off", args.rounds)
-            rows.append((os.path.basename(source), task, len(ids), "plain", len(plain.token_ids), decode0, total0,
-                         "", 1.0))
+            row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids), decode0, total0, "", 1.0)
             for proposer in proposers:
                 setting = drafted if proposer == "draft" else proposer
                 out, decode, total = timed(llm, ids, args.max_tokens, setting, args.rounds)
                 assert out.token_ids == plain.token_ids, f"{proposer} on {task}: not the plain tokens"
                 counts = out.usage["speculative"]
-                rows.append((os.path.basename(source), task, len(ids), counts["proposer"], len(out.token_ids),
-                             decode, total, f"{counts['accepted']}/{counts['proposed']}", decode / decode0))
-    print()
-    print("| target | task | prompt tokens | proposer | tokens | decode tok/s | end-to-end tok/s | accepted/proposed "
-          "| decode vs plain |")
-    print("|---|---|--:|---|--:|--:|--:|--:|--:|")
-    for target, task, n_prompt, proposer, n, decode, total, counts, ratio in rows:
-        print(f"| {target} | {task} | {n_prompt} | {proposer} | {n} | {decode:.1f} | {total:.1f} | {counts} | "
-              f"{ratio:.2f}x |")
+                row(os.path.basename(source), task, len(ids), counts["proposer"], len(out.token_ids), decode, total,
+                    f"{counts['accepted']}/{counts['proposed']}", decode / decode0)
 
 
 if __name__ == "__main__":
