@@ -7,7 +7,8 @@ of a given text, and free chat. Targets: SmolLM2-135M-Instruct Q4_1 (proposers l
 and the same model as a bf16 folder (f32 compute), whose draft is the Q4_1 file (same tokenizer, a
 third of the bytes). Every speculative output is checked to be the plain output token for token.
 Decode tok/s = (tokens - 1) / (generation time - the time to the first token, measured alone), each
-from a fresh cache; best of --rounds. Prints a Markdown table and the machine.
+from a fresh cache; best of --rounds. Forward calls: the model's calls after the prompt (plain: one
+per token), which no load on the machine changes. Prints a Markdown table and the machine.
 """
 from __future__ import annotations
 
@@ -72,20 +73,21 @@ def timed(llm, ids, max_tokens, speculative, rounds):
 
 
 def verify_costs(llm) -> str:
-    """The time of one forward call of n rows against a one-token step: what a verified row costs."""
+    """The median time of one forward call of n rows against a one-token step's: what a verified
+    row costs."""
     from pyllm import _core
 
     seq = _core.CoreSequence(llm.core, 512)
     seq.forward(list(range(100, 300)))
     times = {}
     for n in (1, 2, 5, 9, 13):
-        best = float("inf")
-        for _ in range(40):
+        runs = []
+        for _ in range(25):
             start = time.perf_counter()
             seq.forward(list(range(400, 400 + n)), all_logits=True)
-            best = min(best, time.perf_counter() - start)
+            runs.append(time.perf_counter() - start)
             seq.truncate(200)
-        times[n] = best
+        times[n] = sorted(runs)[len(runs) // 2]
     return ", ".join(f"{n} rows {times[n] / times[1]:.2f}x" for n in times if n > 1)
 
 
@@ -104,12 +106,12 @@ def main() -> None:
     print(f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, "
           f"{args.threads} threads; load average at start {os.getloadavg()}; pyllm commit {commit}", flush=True)
     print(f"- greedy, {args.max_tokens} tokens at most, best of {args.rounds} rounds, a fresh cache each")
-    print("| target | task | prompt tokens | proposer | tokens | decode tok/s | end-to-end tok/s | accepted/proposed "
-          "| decode vs plain |")
-    print("|---|---|--:|---|--:|--:|--:|--:|--:|", flush=True)
+    print("| target | task | prompt tokens | proposer | tokens | forward calls | accepted/proposed | decode tok/s "
+          "| end-to-end tok/s | decode vs plain |")
+    print("|---|---|--:|---|--:|--:|--:|--:|--:|--:|", flush=True)
 
-    def row(target, task, n_prompt, proposer, n, decode, total, counts, ratio):
-        print(f"| {target} | {task} | {n_prompt} | {proposer} | {n} | {decode:.1f} | {total:.1f} | {counts} | "
+    def row(target, task, n_prompt, proposer, n, calls, counts, decode, total, ratio):
+        print(f"| {target} | {task} | {n_prompt} | {proposer} | {n} | {calls} | {counts} | {decode:.1f} | {total:.1f} | "
               f"{ratio:.2f}x |", flush=True)
 
     for source, draft, proposers in setups:
@@ -121,14 +123,15 @@ def main() -> None:
         for task, messages in tasks().items():
             ids = llm.tokenizer.encode(llm.render_chat(messages), add_special=False)
             plain, decode0, total0 = timed(llm, ids, args.max_tokens, "off", args.rounds)
-            row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids), decode0, total0, "", 1.0)
+            row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids), len(plain.token_ids) - 1, "",
+                decode0, total0, 1.0)
             for proposer in proposers:
                 setting = drafted if proposer == "draft" else proposer
                 out, decode, total = timed(llm, ids, args.max_tokens, setting, args.rounds)
                 assert out.token_ids == plain.token_ids, f"{proposer} on {task}: not the plain tokens"
                 counts = out.usage["speculative"]
-                row(os.path.basename(source), task, len(ids), counts["proposer"], len(out.token_ids), decode, total,
-                    f"{counts['accepted']}/{counts['proposed']}", decode / decode0)
+                row(os.path.basename(source), task, len(ids), counts["proposer"], len(out.token_ids), counts["steps"],
+                    f"{counts['accepted']}/{counts['proposed']}", decode, total, decode / decode0)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ START_DRAFT = 4
 # The extra cost of a verified row, as a share of a one-token step: decode reads the weights once
 # for all rows, so a row adds its arithmetic (SmolLM2 Q4_1 on 2 threads: see benchmarks/RESULTS.md).
 ROW_COST = 0.12
-GAIN_MEMORY = 0.7  # the weight of the past in the running average of a round's gain
+GAIN_MEMORY = 0.8  # the weight of the past in the running average of a round's gain
+GAIN_START = 3.0  # an optimistic start: a proposer gets a few rounds before a miss pauses it
 FIRST_PAUSE, LONGEST_PAUSE = 8, 256  # plain steps while speculation does not pay
 LOOKUP_NGRAMS = (4, 3, 2, 1)  # the n-gram lengths a lookup tries, longest first
 
@@ -221,20 +222,25 @@ class Speculator:
         self.draft_sampler = Sampler(gen.sampler.params)  # q: the same settings on the draft's logits
         self.k = START_DRAFT
         self.proposed = self.accepted = 0
-        self.gain = 1.0
+        self.steps = 0  # forward calls of the model while decoding: plain steps and verifying calls
+        self.gain = GAIN_START
         self.paused = 0
         self.pause = FIRST_PAUSE
 
     def usage(self) -> dict:
-        """What a Completion's usage adds: OpenAI's prediction counts, and the proposer."""
+        """What a Completion's usage adds: OpenAI's prediction counts, and the proposer's: tokens
+        proposed and accepted, and the model's forward calls after the prompt (plain decoding makes
+        a token per call)."""
         return {"completion_tokens_details": {"accepted_prediction_tokens": self.accepted,
                                               "rejected_prediction_tokens": self.proposed - self.accepted},
-                "speculative": {"proposer": self.name, "proposed": self.proposed, "accepted": self.accepted}}
+                "speculative": {"proposer": self.name, "proposed": self.proposed, "accepted": self.accepted,
+                                "steps": self.steps}}
 
     def round(self, pool, cache, token: int) -> np.ndarray:
         """Runs token (just chosen) and this round's drafts in cache as one forward call; the rows
         of logits, one per token run. Call under pool.lock; then judge(rows)."""
         gen = self.gen
+        self.steps += 1
         room = min(gen.max_tokens - len(gen.generated),  # the last row would go unused past these
                    gen.n_ctx - cache.seq.pos - 1, cache.seq.exact_rows - 1)
         self.drafts, self.qs = [], []
