@@ -16,6 +16,8 @@ Each step (Engine.step):
 Nothing here changes a job's numbers: its prompt is prefilled in the same position-aligned chunks
 every prefill uses (PREFILL_CHUNK), and a batch row takes the decode path of a solo step, so each job gets
 exactly the tokens Model.generate gives that prompt alone (greedy, or sampled with the same seed).
+A job that speculates keeps that for greedy decoding; sampled, its tokens follow the same distribution,
+but which of its steps ran as rounds depends on the other jobs, and so do the draws of its seed.
 
 Engine is the synchronous core (Model.generate over a list drives it); Scheduler runs one on a
 background thread for the server and hands events to a callback.
