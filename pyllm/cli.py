@@ -80,6 +80,7 @@ def load_model(args: argparse.Namespace, **settings):
     settings.setdefault("n_ctx", getattr(args, "n_ctx", None))
     settings.setdefault("dtype", getattr(args, "dtype", None))
     settings.setdefault("kv_dtype", getattr(args, "kv_dtype", None))
+    settings.setdefault("speculative", getattr(args, "speculative", None))
     return load(args.model, file=args.file, revision=args.revision, **settings)
 
 
@@ -143,8 +144,10 @@ def _serve(args: argparse.Namespace) -> int:
         llm.render_chat([{"role": "user", "content": "Hello"}], template)  # a broken one fails here, not per request
     api_key = args.api_key if args.api_key is not None else os.environ.get("PYLLM_API_KEY") or None
     slots = f"{args.parallel} slot{'s' if args.parallel != 1 else ''}"
+    speculating = f", speculative {llm.speculative.name}" if llm.speculative else ""
     print(f"pyllm serve: {llm.source} on http://{args.host}:{args.port}/v1 ({slots}, "
-          f"n_ctx {llm.n_ctx}, {llm.kv_dtype} KV cache, {llm.threads} threads{', API key required' if api_key else ''})",
+          f"n_ctx {llm.n_ctx}, {llm.kv_dtype} KV cache, {llm.threads} threads{speculating}"
+          f"{', API key required' if api_key else ''})",
           file=sys.stderr, flush=True)
     server.serve(llm, args.model, host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
                  log_level=args.log_level, chat_template=template, max_body=int(args.max_body_mb * 2**20),
@@ -312,6 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the KV cache's element type: f16 halves its memory and bandwidth (long contexts), "
                             "q8_0 about quarters it (default: f16 for quantized weights, f32 for float ones)")
 
+    def speculative_arg(p):
+        p.add_argument("--speculative", metavar="lookup|draft:FILE|self:N", default=None,
+                       help="speculative decoding, the same output: lookup (n-grams of the prompt: editing, "
+                            "summaries), draft:FILE (a smaller model with the same tokenizer), self:N (the "
+                            "model's first N layers)")
+
     def sampling_args(p, max_tokens):
         p.add_argument("--max-tokens", type=_count, default=max_tokens)
         p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
@@ -335,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     kv_dtype_arg(run)
     run.add_argument("--verbose", "-v", action="store_true",
                      help="after the text, print the token counts and speeds on stderr")
+    speculative_arg(run)
     run.set_defaults(func=_run)
 
     chat = sub.add_parser("chat", help="talk to a chat model")
@@ -347,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     kv_dtype_arg(chat)
     chat.add_argument("--verbose", "-v", action="store_true",
                       help="after each answer, print the token counts and speeds on stderr")
+    speculative_arg(chat)
     chat.set_defaults(func=_chat)
 
     serve = sub.add_parser("serve", help="serve a model over OpenAI's HTTP API (needs pyllm[server])")
@@ -378,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds requests in flight may run on after SIGTERM/Ctrl-C before they are "
                             "answered 503 (default 10)")
     kv_dtype_arg(serve)
+    speculative_arg(serve)
     serve.set_defaults(func=_serve)
 
     batch = sub.add_parser("batch", help="run a file of OpenAI Batch requests (JSONL), here or on Ray "

@@ -164,6 +164,7 @@ class Generation:
         self.generated: list[int] = []
         # grammar (constraints.output_grammar): only tokens that keep the output a prefix of a match
         self.constraint = Constraint(model, grammar) if grammar is not None else None
+        self.speculator = None  # speculative decoding's state (pyllm.speculative), for the usage
         # max_tokens=0 ends before the prompt runs: nothing generated
         self.finish_reason: str | None = "length" if max_tokens == 0 else None
 
@@ -171,12 +172,14 @@ class Generation:
         """What the cache must hold before the next token: the prompt, and the tokens generated."""
         return self.ids + self.generated if self.generated else self.ids
 
-    def step(self, logits: np.ndarray) -> Piece | None:
-        """The next token sampled from logits, or None at an end-of-sequence token. Sets
-        finish_reason when the generation ends here: "stop" at end of sequence, "length" (made
-        "stop" by finish() after a stop string) at a stop string, max_tokens, or a full context."""
-        allowed = self.constraint.mask(logits) if self.constraint is not None else logits
-        token = self.sampler.sample(allowed, self.ids, self.generated)
+    def step(self, logits: np.ndarray, token: int | None = None) -> Piece | None:
+        """The next token sampled from logits (or token, where speculative decoding's rejection
+        sampling chose it from them), or None at an end-of-sequence token. Sets finish_reason when
+        the generation ends here: "stop" at end of sequence, "length" (made "stop" by finish()
+        after a stop string) at a stop string, max_tokens, or a full context."""
+        if token is None:
+            allowed = self.constraint.mask(logits) if self.constraint is not None else logits
+            token = self.sampler.sample(allowed, self.ids, self.generated)
         if token in self.eos_ids:
             self.finish_reason = "stop"
             return None
@@ -204,6 +207,8 @@ class Generation:
         tail, completion = self.out.finish(self.finish_reason or "length")
         if self.constraint is not None and not self.constraint.complete:
             completion.finish_reason = "length"
+        if self.speculator is not None:
+            completion.usage.update(self.speculator.usage())
         return tail, completion
 
 

@@ -159,6 +159,14 @@ class KVPool:
         self._touch(cache)
         return logits
 
+    def verify(self, cache: Cache, tokens: list[int]) -> np.ndarray:
+        """Runs tokens (a chosen token and the ones proposed after it) in cache as one forward call:
+        logits (len(tokens), vocab), each row the bits of that token's own step when len(tokens) is
+        at most cache.seq.exact_rows. The caller truncates the cache to the tokens it keeps."""
+        logits = cache.seq.forward(tokens, all_logits=True)
+        self._touch(cache)
+        return logits
+
     def step_batch(self, work: _core.CoreSequence, caches: list[Cache], tokens: list[int]) -> np.ndarray:
         """Decodes one token in each cache in one forward call of work (from batch_sequence);
         logits (len(caches), vocab)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from . import _core, arch, hub
+from . import _core, arch, hub, speculative as speculation
 from .arch.common import eos_ids
 from .arch.spec import ModelSpec
 from .binding import build_core, parse_dtype
@@ -90,7 +90,8 @@ def _load_gguf(path: str, threads: int, dtype, kv_dtype):
 
 def load(source, *, threads: int | None = None, n_ctx: int | None = None,
          dtype: str | None = None, file: str | None = None, revision: str | None = None,
-         token: str | bool | None = None, parallel: int = 4, kv_dtype: str | None = None) -> Model:
+         token: str | bool | None = None, parallel: int = 4, kv_dtype: str | None = None,
+         speculative=None) -> Model:
     """Loads a model: a Hugging Face folder (config.json, *.safetensors, tokenizer.json), a .gguf
     file, an alias such as "smollm2" (fetched into the cache on first use), or a Hugging Face id
     such as "HuggingFaceTB/SmolLM2-135M-Instruct" (needs pyllm[hub]; taken from the HF cache when it
@@ -111,6 +112,8 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
     for 34 bytes per 32 values (each head's key and value quantized to 8 bits as stored; head_dim a
     multiple of 32); tests/test_kv_cache.py states how far logits move. None: f16 where the weights
     are quantized (as llama.cpp's default cache), f32 where they are all float (f32, f16, bf16).
+    speculative is how its generations speculate unless they say otherwise (pyllm.speculative):
+    "lookup", "self:N", "draft:FILE" or a draft Model; the outputs stay those of plain decoding.
 
     >>> llm = pyllm.load("smollm2")  # doctest: +SKIP
     >>> llm = pyllm.load("owner/Some-Model-GGUF", file="*Q4_K_M.gguf")  # doctest: +SKIP
@@ -140,4 +143,10 @@ def load(source, *, threads: int | None = None, n_ctx: int | None = None,
         raise ValueError(f"n_ctx {n_ctx} is more than the {spec.n_positions} positions the model has learned")
     if n_ctx > spec.max_seq_len:
         raise ValueError(f"n_ctx {n_ctx} is more than the model's context of {spec.max_seq_len} tokens")
-    return Model(core, spec, tokenizer, int(n_ctx), path, eos, weights, parallel=int(parallel))
+    model = Model(core, spec, tokenizer, int(n_ctx), path, eos, weights, parallel=int(parallel))
+    if isinstance(speculative, str) and speculative.startswith("draft:"):
+        draft = load(speculative[len("draft:"):], threads=threads, n_ctx=n_ctx, parallel=1)
+        model.speculative = speculation.with_draft(model, draft, name=speculative)
+    else:
+        model.speculative = speculation.parse(speculative, model)
+    return model

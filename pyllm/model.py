@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from . import _core, scheduler
+from . import _core, scheduler, speculative
 from .arch.spec import ModelSpec
 from .chat import ChatTemplateError, render_chat
 from .checks import check_int, check_run_settings, check_text, is_int
@@ -39,6 +39,8 @@ class Model:
         self._core = core
         self._n_ctx = n_ctx
         self.pool = KVPool(core, n_ctx, parallel)  # a cache per generation that interleaves
+        # how generations speculate unless they say otherwise (pyllm.speculative; load(speculative=))
+        self.speculative: speculative.Speculation | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -141,14 +143,21 @@ class Model:
         """The ids of prompt (text or token ids), checked to fit the context."""
         return self._check_ids(self._prompt_ids(prompt), name)
 
+    def speculation(self, value) -> speculative.Speculation | None:
+        """What a generation's speculative= setting means here: None, the model's own (self.speculative);
+        else pyllm.speculative.parse's reading of it ("lookup", "self:N", "draft:FILE", a Model, "off")."""
+        return self.speculative if value is None else speculative.parse(value, self)
+
     def _run(self, prompt, max_tokens: int, stop, logprobs: int | None, sampling: SamplingParams | None,
-             params: dict, result: dict, grammar: str | None) -> Iterator[str]:
+             params: dict, result: dict, grammar: str | None, speculation) -> Iterator[str]:
         """Text pieces of one generation; leaves the Completion in result["completion"]."""
         settings = _sampling_params(sampling, params)
         ids = self.prompt_ids(prompt)
         check_run_settings(max_tokens, logprobs)
         settings.validate(self.vocab_size)
         gen = Generation(self, ids, settings, max_tokens, stop, logprobs, grammar)
+        if speculation is not None and grammar is None:  # a constraint's parser takes one token at a time
+            speculation.start(self, gen)
         if gen.finish_reason is None:
             yield from self._decode(gen)
         tail, result["completion"] = gen.finish()
@@ -157,6 +166,9 @@ class Model:
 
     def _decode(self, gen: Generation) -> Iterator[str]:
         """Steps gen in a cache of the pool until it finishes."""
+        if gen.speculator is not None:
+            yield from speculative.decode(self.pool, gen)
+            return
         pool, owner = self.pool, object()
         cache, logits = pool.prefill(gen.ids, owner)
         try:
@@ -176,14 +188,17 @@ class Model:
 
     def stream(self, prompt, *, max_tokens: int = 128, stop=None, logprobs: int | None = None,
                sampling: SamplingParams | None = None, json_schema=None, regex: str | None = None,
-               choices=None, grammar: str | None = None, **params) -> Stream:
+               choices=None, grammar: str | None = None, speculative=None, **params) -> Stream:
         """Yields text pieces as tokens arrive, never half a UTF-8 character; after the loop it
         holds what generate() returns: .text, .token_ids, .finish_reason, .usage, .logprobs (and
         .completion, the Completion itself).
 
         prompt is text or token ids; sampling settings come as a SamplingParams or as keywords
         (temperature, top_k, top_p, min_p, typical_p, repetition_penalty, presence_penalty,
-        frequency_penalty, logit_bias, seed).
+        frequency_penalty, logit_bias, seed). speculative: "lookup", "self:N", "draft:FILE", a draft
+        Model or "off" (pyllm.speculative), None for the model's own setting; the tokens are those
+        of the plain path (greedy: the same bits; sampled: the same distribution), and the usage
+        counts the tokens proposed and taken.
 
         One of json_schema (a dict or a pydantic model class), regex, choices (a list of strings)
         or grammar (Lark or GBNF) constrains the output to match it (pyllm.constraints; the
@@ -202,11 +217,14 @@ class Model:
         check_run_settings(max_tokens, logprobs)
         StopMatcher(stop)
         text = output_grammar(json_schema, regex, choices, grammar)
-        return Stream(self._run(prompt, max_tokens, stop, logprobs, sampling, params, result, text), result)
+        speculation = self.speculation(speculative)
+        return Stream(self._run(prompt, max_tokens, stop, logprobs, sampling, params, result, text, speculation),
+                      result)
 
     def generate(self, prompt, *, max_tokens: int = 128, stop=None, logprobs: int | None = None,
                  sampling: SamplingParams | None = None, json_schema=None, regex: str | None = None,
-                 choices=None, grammar: str | None = None, **params) -> Completion | list[Completion]:
+                 choices=None, grammar: str | None = None, speculative=None,
+                 **params) -> Completion | list[Completion]:
         """Continues prompt (text or token ids); greedy unless a temperature is given. json_schema,
         regex, choices and grammar constrain the output as in stream(), each prompt of a list on its own.
 
@@ -227,9 +245,11 @@ class Model:
             settings.validate(self.vocab_size)
             text = output_grammar(json_schema, regex, choices, grammar)
             prompts = [self.prompt_ids(p) for p in prompt]
-            return scheduler.run_to_completion(self, prompts, settings, max_tokens, stop, logprobs, text)
+            return scheduler.run_to_completion(self, prompts, settings, max_tokens, stop, logprobs, text,
+                                               speculative)
         s = self.stream(prompt, max_tokens=max_tokens, stop=stop, logprobs=logprobs, sampling=sampling,
-                        json_schema=json_schema, regex=regex, choices=choices, grammar=grammar, **params)
+                        json_schema=json_schema, regex=regex, choices=choices, grammar=grammar,
+                        speculative=speculative, **params)
         for _ in s:
             pass
         return s.completion

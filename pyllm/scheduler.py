@@ -5,8 +5,10 @@ Each step (Engine.step):
   2. waiting jobs take a free cache of the model's pool (`parallel` of them), reusing the whole
      prefill chunks of the longest prefix any free cache holds (a shared system prompt);
   3. every job whose next-token logits are ready samples its token, emits it, and either finishes
-     or joins this step's batch;
-  4. the batch runs as one forward pass (pl_forward_batch: each weight read once for all rows);
+     or joins this step's batch (a job whose token speculation chose joins it as it is);
+  4. the batch runs as one forward pass (pl_forward_batch: each weight read once for all rows); a
+     batch of one job that speculates (pyllm.speculative) runs a round instead: its token and the
+     ones proposed after it in one call, the tokens it takes emitted at once;
   5. prefill chunks run, oldest job first, up to PREFILL_CHUNK positions in all (the first chunk
      always): a long prompt costs the others one chunk's delay per step instead of its whole
      prefill, and a burst of short prompts is in after one step, so their batch forms at once;
@@ -15,6 +17,8 @@ Each step (Engine.step):
 Nothing here changes a job's numbers: its prompt is prefilled in the same position-aligned chunks
 every prefill uses (PREFILL_CHUNK), and a batch row takes the decode path of a solo step, so each job gets
 exactly the tokens Model.generate gives that prompt alone (greedy, or sampled with the same seed).
+A job that speculates keeps that for greedy decoding; sampled, its tokens follow the same distribution,
+but which of its steps ran as rounds depends on the other jobs, and so do the draws of its seed.
 
 Engine is the synchronous core (Model.generate over a list drives it); Scheduler runs one on a
 background thread for the server and hands events to a callback.
@@ -61,11 +65,15 @@ class Job:
     """One generation in an engine. cancel() may be called from any thread."""
 
     def __init__(self, model, ids: list[int], params: SamplingParams, max_tokens: int, stop,
-                 logprobs: int | None, on_event: Callable, grammar: str | None = None):
+                 logprobs: int | None, on_event: Callable, grammar: str | None = None, speculation=None):
         self.gen = Generation(model, ids, params, max_tokens, stop, logprobs, grammar)
+        # a constraint's parser takes one token at a time: a constrained job does not speculate
+        self.speculator = (speculation.start(model, self.gen) if speculation is not None and grammar is None
+                           else None)
         self.on_event = on_event
         self.cache = None         # the pool's Cache while the job holds one
         self.logits = None        # next-token logits once the prompt is in
+        self.chosen = False       # a speculative round chose next_token: no logits to sample
         self.next_token = -1      # the token this step's batch row runs
         self.forced: list[int] = []  # tokens a constraint forced after it: the job runs alone
         self.cancelled = False
@@ -76,7 +84,21 @@ class Job:
 
     @property
     def prefilling(self) -> bool:
-        return self.cache is not None and self.logits is None
+        return self.cache is not None and self.logits is None and not self.chosen
+
+    def speculate(self, pool) -> bool:
+        """A speculative round from next_token: emits the tokens it makes; whether the job goes on
+        (next_token then the last of them, chosen)."""
+        rows = self.speculator.round(pool, self.cache, self.next_token)
+        pieces = self.speculator.judge(self.cache, rows)
+        for piece in pieces:
+            if piece is not None:
+                self.on_event(piece)
+        if self.gen.finish_reason is not None:
+            self.finish()
+            return False
+        self.next_token, self.chosen = pieces[-1].token_id, True
+        return True
 
     def choose(self) -> int | None:
         """Samples, emits and records the next token; None when the job ends instead of stepping."""
@@ -148,16 +170,18 @@ class Engine:
         self._work = self.pool.batch_sequence(min(self.slots, MAX_STEP_ROWS))
 
     def submit(self, prompt_ids, *, sampling: SamplingParams, max_tokens: int, stop=None,
-               logprobs: int | None = None, on_event: Callable, grammar: str | None = None) -> Job:
+               logprobs: int | None = None, on_event: Callable, grammar: str | None = None,
+               speculative=None) -> Job:
         """Queues a generation of prompt_ids; on_event(event) is called from the thread running
         step(): zero or more Pieces, then one Finished or Failed. grammar (constraints.output_grammar)
-        constrains its output."""
+        constrains its output; speculative as Model.generate's."""
         model = self.model
         ids = model.prompt_ids(prompt_ids)  # ContextLengthError when it does not fit
         check_run_settings(max_tokens, logprobs)
         sampling.validate(model.vocab_size)
         StopMatcher(stop)
-        job = Job(model, ids, sampling, max_tokens, stop, logprobs, on_event, grammar)
+        job = Job(model, ids, sampling, max_tokens, stop, logprobs, on_event, grammar,
+                  model.speculation(speculative))
         self._enqueue(self.waiting, job)
         return job
 
@@ -207,8 +231,11 @@ class Engine:
             self._drop_cancelled()
             self._admit()
             self._reclaim_taken_caches()
-            batch = [j for j in list(self.running) if j.logits is not None and self._choose(j)]
-            self._decode(batch)
+            batch = [j for j in list(self.running) if j.chosen or (j.logits is not None and self._choose(j))]
+            if len(batch) == 1 and batch[0].speculator is not None:
+                self._speculate(batch[0])
+            else:
+                self._decode(batch)
             self._prefill_chunks()
             self._embed_chunk()
 
@@ -254,7 +281,7 @@ class Engine:
         for job in self.running:
             if not self.pool.holds(job.cache, job):
                 job.cache = self.pool.take_prefix(job.gen.context(), job)
-                job.logits = None
+                job.logits, job.chosen = None, False
 
     def _choose(self, job: Job) -> bool:
         """Whether the job goes on with the token it samples (emitted by choose)."""
@@ -268,6 +295,17 @@ class Engine:
             return False
         job.next_token = token
         return True
+
+    def _speculate(self, job: Job) -> None:
+        """A job decoding alone speculates: a batch of one reads the weights for it alone anyway."""
+        try:
+            going = job.speculate(self.pool)
+        except Exception as e:  # noqa: BLE001
+            self._fail(job, e)
+            return
+        job.logits = None
+        if not going:
+            self._leave(job)
 
     def _decode(self, batch: list[Job]) -> None:
         for job in [j for j in batch if j.forced]:  # several tokens: a call of their own, as solo
@@ -285,7 +323,7 @@ class Engine:
                     self._fail(job, e)
                 continue
             for job, row in zip(group, logits):
-                job.logits = row
+                job.logits, job.chosen = row, False
 
     def _prefill_chunks(self) -> None:
         budget = PREFILL_CHUNK
@@ -422,7 +460,7 @@ class Scheduler:
 
 
 def run_to_completion(model, prompts: list[list[int]], params: SamplingParams, max_tokens: int, stop,
-                      logprobs, grammar: str | None = None) -> list[Completion]:
+                      logprobs, grammar: str | None = None, speculative=None) -> list[Completion]:
     """Model.generate over a list: every prompt a job of one engine, stepped until all finish."""
     results: list[Completion | None] = [None] * len(prompts)
 
@@ -437,7 +475,7 @@ def run_to_completion(model, prompts: list[list[int]], params: SamplingParams, m
     engine = Engine(model)
     for i, ids in enumerate(prompts):
         engine.submit(ids, sampling=params, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
-                      on_event=collect(i), grammar=grammar)
+                      on_event=collect(i), grammar=grammar, speculative=speculative)
     while engine.busy():
         engine.step()
     return results

@@ -832,7 +832,12 @@ async def _respond(server: Server, request: Request, req: Sampling, jobs: list[J
 def _request_usage(jobs: list[Job], done: dict) -> dict:
     """A request's usage: each prompt counted once (its n choices share it), every choice's tokens."""
     prompts = {job.prompt: len(job.prompt_ids) for job in jobs}
-    return _usage(sum(prompts.values()), sum(len(done[job].token_ids) for job in jobs))
+    usage = _usage(sum(prompts.values()), sum(len(done[job].token_ids) for job in jobs))
+    predicted = [done[job].usage["completion_tokens_details"] for job in jobs
+                 if "completion_tokens_details" in done[job].usage]  # speculative decoding's counts
+    if predicted:
+        usage["completion_tokens_details"] = {k: sum(p[k] for p in predicted) for k in predicted[0]}
+    return usage
 
 
 async def _stream(server: Server, jobs: list[Job], events: asyncio.Queue, rid: str, created: int, kind: str,

@@ -62,6 +62,22 @@ def test_every_sampler_gives_matching_output(tiny):
             "red", "green", "blue")
 
 
+def test_a_constrained_generation_does_not_speculate(tiny):
+    """The constraint's parser takes one token at a time, so speculative= leaves a constrained
+    generation (alone, in a list, streamed) exactly as it is without it, and its usage says no
+    proposer ran."""
+    plain = tiny.generate("The wheel", json_schema=PERSON, max_tokens=120)
+    for speculative in ("lookup", "self:1"):
+        got = tiny.generate("The wheel", json_schema=PERSON, max_tokens=120, speculative=speculative)
+        assert (got.text, got.finish_reason) == (plain.text, plain.finish_reason)
+        assert "speculative" not in got.usage
+        listed = tiny.generate(["The wheel", "The wheel"], json_schema=PERSON, max_tokens=120,
+                               speculative=speculative)
+        assert [c.text for c in listed] == [plain.text] * 2
+        assert "".join(tiny.stream("The wheel", json_schema=PERSON, max_tokens=120,
+                                   speculative=speculative)) == plain.text
+
+
 def test_grammars_lark_and_gbnf(tiny):
     lark = 'start: "(" item ("," item)* ")"\nitem: /[0-9]/ | "x"\n'
     text = tiny.generate("a", grammar=lark, max_tokens=40, temperature=1.0, seed=0).text
