@@ -266,7 +266,8 @@ class Server:
         of text takes the tokenizer most of a minute and gigabytes)."""
         if chars > self.max_chars:
             n_ctx = self.model.n_ctx
-            raise APIError(400, f"This model's maximum context length is {n_ctx} tokens, but the {param} has "
+            has = "have" if param == "messages" else "has"  # "the messages have", "the prompt has"
+            raise APIError(400, f"This model's maximum context length is {n_ctx} tokens, but the {param} {has} "
                                 f"{chars} characters: more than {n_ctx} tokens of at most "
                                 f"{self.max_chars // n_ctx} characters each can hold", param,
                            "context_length_exceeded")
