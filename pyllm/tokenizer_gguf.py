@@ -312,14 +312,11 @@ def _sentencepiece(
         tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
         tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous", invert=False)
         tokenizer.decoder = decoders.Sequence(fused)
-    elif rules.prefix_by_normalizer:
+    else:
+        # llama.cpp puts the dummy prefix before the text as it is, leading spaces and all (" Hello"
+        # is "▁▁Hello"), and again after every added token: a normalizer does both
         prefix = [normalizers.Prepend("\u2581")] if add_space_prefix else []
         tokenizer.normalizer = normalizers.Sequence(prefix + [normalizers.Replace(" ", "\u2581")])
-        tokenizer.decoder = decoders.Sequence(fused + strip)
-    else:
-        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
-            replacement="\u2581", prepend_scheme="first" if add_space_prefix else "never", split=False
-        )
         tokenizer.decoder = decoders.Sequence(fused + strip)
     return tokenizer, vocab
 
