@@ -46,10 +46,9 @@ class Tokenizer:
         tok.eos_token = _token_text(config.get("eos_token"))
         tok.bos_id = hf.token_to_id(tok.bos_token) if tok.bos_token else None
         tok.eos_id = hf.token_to_id(tok.eos_token) if tok.eos_token else None
-        if "add_bos_token" in config:
-            tok.add_bos = bool(config["add_bos_token"])
-        if "add_eos_token" in config:
-            tok.add_eos = bool(config["add_eos_token"])
+        config_path = os.path.join(folder, "tokenizer_config.json")
+        tok.add_bos = _flag(config, "add_bos_token", config_path)
+        tok.add_eos = _flag(config, "add_eos_token", config_path)
         template = config.get("chat_template")
         jinja = os.path.join(folder, "chat_template.jinja")
         if not template and os.path.exists(jinja):
@@ -120,6 +119,16 @@ class Tokenizer:
                 return bytes([int(token[3:5], 16)])
             token = token.replace("\u2581", " ")
         return token.encode("utf-8")
+
+
+def _flag(config: dict, key: str, path: str) -> bool | None:
+    """A true/false setting, None when absent; files written by hand spell it "false" too."""
+    value = config.get(key)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if value is None or isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return None if value is None else bool(value)
+    raise FormatError(path, f"{key} should be true or false, got {value!r}")
 
 
 def _token_text(value) -> str | None:
