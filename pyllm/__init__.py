@@ -24,7 +24,7 @@ from .system import apply_isa_override as _apply_isa_override
 _apply_isa_override()  # PYLLM_ISA=scalar|avx2|avx512|neon replaces the best kernels (pyllm/system.py)
 
 from .chat import ChatMessageError, ChatTemplateError
-from .errors import ContextLengthError, FormatError, PyllmError, UnsupportedModelError
+from .errors import ContextLengthError, FormatError, PyllmError, TokenizerError, UnsupportedModelError
 from .generation import Completion, Stream
 from .loader import load
 from .model import Model
@@ -42,6 +42,7 @@ __all__ = [
     "SamplingParams",
     "SamplingParamsError",
     "Stream",
+    "TokenizerError",
     "UnsupportedModelError",
     "__version__",
     "load",

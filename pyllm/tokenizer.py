@@ -14,7 +14,7 @@ from functools import cached_property, lru_cache
 
 import tokenizers
 
-from .errors import FormatError
+from .errors import FormatError, TokenizerError
 from .formats.json_files import read_json_object
 from .tokenizer_gguf import bytes_to_unicode
 
@@ -83,8 +83,8 @@ class Tokenizer:
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         if self.add_bos is None and self.add_eos is None:
-            return self.hf.encode(text, add_special_tokens=add_special).ids
-        ids = self.hf.encode(text, add_special_tokens=False).ids
+            return _library(self.hf.encode, text, add_special_tokens=add_special).ids
+        ids = _library(self.hf.encode, text, add_special_tokens=False).ids
         if add_special and self.add_bos and self.bos_id is not None:
             ids = [self.bos_id] + ids
         if add_special and self.add_eos and self.eos_id is not None:
@@ -92,7 +92,7 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=skip_special)
+        return _library(self.hf.decode, list(ids), skip_special_tokens=skip_special)
 
     @cached_property
     def byte_decoding(self) -> str | None:
@@ -119,6 +119,18 @@ class Tokenizer:
                 return bytes([int(token[3:5], 16)])
             token = token.replace("\u2581", " ")
         return token.encode("utf-8")
+
+
+def _library(call, *args, **kwargs):
+    """call(*args, **kwargs) into the tokenizers library, whose failures inside Rust (a regex of
+    the file past its backtracking limit) reach Python as a pyo3 PanicException, a BaseException
+    that `except Exception` lets through: a TokenizerError instead."""
+    try:
+        return call(*args, **kwargs)
+    except BaseException as e:
+        if type(e).__module__ != "pyo3_runtime":
+            raise
+        raise TokenizerError(f"the tokenizer failed on this text: {e}") from None
 
 
 def _flag(config: dict, key: str, path: str) -> bool | None:
