@@ -7,7 +7,9 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
 import time
+import types
 from contextvars import ContextVar
 from datetime import datetime
 from functools import lru_cache
@@ -18,7 +20,8 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.compiler import CodeGenerator
 from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
+from jinja2.utils import generate_lorem_ipsum
 
 from .checks import is_int
 from .errors import ChatTemplateError
@@ -69,10 +72,30 @@ class _Budget:
         self.deadline = deadline
         self.limits = limits
         self.made = 0
+        self.calls = 0
 
     def tick(self) -> None:
         if time.monotonic() > self.deadline:
             raise ChatTemplateError(f"chat template took more than {self.limits.seconds:g} s to render")
+
+    def run(self, f, *args, **kwargs):
+        """f(*args, **kwargs), the deadline checked at the calls made inside it too: a global or
+        filter can spend its time in one call (lipsum, wordwrap, urlize, a macro), where no loop
+        step or piece of output is seen. Not inside another such call, whose watch goes on, nor
+        where a profiler (cProfile) already watches this thread."""
+        if sys.getprofile() is not None:
+            return f(*args, **kwargs)
+        sys.setprofile(self._watch)
+        try:
+            return f(*args, **kwargs)
+        finally:
+            sys.setprofile(None)
+
+    def _watch(self, frame, event, arg) -> None:
+        # a profile function: its exception stops the call it came from (and the profiling)
+        self.calls += 1
+        if not self.calls & 1023:
+            self.tick()
 
     def need(self, size: int, what: str) -> None:
         """Refuses, before it runs, an operation that would make a value of size characters."""
@@ -103,9 +126,9 @@ def _size(value) -> int:
     return len(value) if isinstance(value, (str, bytes, list, tuple, dict, set, frozenset)) else 0
 
 
-# Widths and precisions in printf-style and str.format format strings.
-_PRINTF_WIDTHS = re.compile(r"%[-#0 +]*(\d*)(?:\.(\d*))?")
-_FORMAT_SPECS = re.compile(r"\{[^{}]*:([^{}]*)\}")
+# Widths and precisions in printf-style format strings ("%(name)-12.4f"); a "*" width comes from
+# the arguments, which _check_args bounds.
+_PRINTF_WIDTHS = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\d*)(?:\.(\d*))?")
 
 
 def _check_args(budget: _Budget, args, kwargs) -> None:
@@ -119,7 +142,6 @@ def _check_format(budget: _Budget, fmt) -> None:
     if not isinstance(fmt, str):
         return
     numbers = [n for m in _PRINTF_WIDTHS.finditer(fmt) for n in m.groups() if n]
-    numbers += [n for spec in _FORMAT_SPECS.findall(fmt) for n in re.findall(r"\d+", spec)]
     if numbers:
         budget.need(max(int(n) for n in numbers), "a formatted string")
 
@@ -160,7 +182,6 @@ def _too_big_int() -> ChatTemplateError:
 
 def _check_method(budget: _Budget, method, args, kwargs) -> None:
     """Estimates for the str methods whose result can be far larger than their inputs."""
-    method = getattr(method, "__wrapped__", method)  # the sandbox wraps str.format
     owner, name = getattr(method, "__self__", None), getattr(method, "__name__", "")
     if not isinstance(owner, str):
         return
@@ -172,8 +193,6 @@ def _check_method(budget: _Budget, method, args, kwargs) -> None:
         size = args[0] if args else kwargs.get("tabsize", 8)
         if is_int(size):
             budget.need(len(owner) + owner.count("\t") * size, "an expanded string")
-    elif name in ("format", "format_map"):
-        _check_format(budget, owner)
 
 
 def _guarded_filter(name: str, f):
@@ -206,9 +225,30 @@ def _guarded_filter(name: str, f):
             indent = own[1] if len(own) > 1 else kwargs.get("indent")
             if (_size(indent) or (indent if is_int(indent) else 0)) > 64:
                 raise ChatTemplateError(f"chat template asks tojson for an indent of {indent!r} (at most 64)")
-        return budget.charge(f(*args, **kwargs))
+        return budget.charge(budget.run(f, *args, **kwargs))
 
     return guarded
+
+
+class _Formatter(SandboxedFormatter):
+    """str.format and str.format_map for templates: each field's spec is checked once its nested
+    fields are filled in ('{0:{1}}'.format('x', '2000000000') is a width of 2,000,000,000)."""
+
+    def format_field(self, value, format_spec):
+        budget = _BUDGET.get()
+        numbers = re.findall(r"\d+", format_spec)
+        if budget is not None and numbers:
+            budget.need(max(map(int, numbers)), "a formatted value")
+        return super().format_field(value, format_spec)
+
+
+def _lipsum(n=5, html=True, min=20, max=100):  # noqa: A002 (jinja's own keywords)
+    """jinja's lipsum, refused before it runs when it could write more than a value may hold: n
+    paragraphs of up to max words, each up to 16 characters with its space and markup."""
+    budget = _BUDGET.get()
+    if budget is not None and is_int(n) and is_int(max):
+        budget.need(n * max * 16, "lorem ipsum")
+    return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
 
 
 class _CodeGenerator(CodeGenerator):
@@ -254,7 +294,24 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             return super().call(__context, __obj, *args, **kwargs)
         _check_args(budget, args, kwargs)
         _check_method(budget, __obj, args, kwargs)
-        return budget.charge(super().call(__context, __obj, *args, **kwargs))
+        return budget.charge(budget.run(super().call, __context, __obj, *args, **kwargs))
+
+    def wrap_str_format(self, value):
+        """str.format and str.format_map of a template's string, through _Formatter (jinja's own
+        wrapper, with the bounds added)."""
+        if (not isinstance(value, (types.MethodType, types.BuiltinMethodType))
+                or value.__name__ not in ("format", "format_map") or not isinstance(value.__self__, str)):
+            return None
+        text, by_map, formatter = value.__self__, value.__name__ == "format_map", _Formatter(self)
+
+        def wrapper(*args, **kwargs):
+            if by_map:
+                if kwargs or len(args) != 1:
+                    raise TypeError("format_map() takes exactly one argument")
+                args, kwargs = (), args[0]
+            return str(formatter.vformat(text, args, kwargs))
+
+        return wrapper
 
     def guard_loop(self, iterable):
         budget = _BUDGET.get()
@@ -331,6 +388,7 @@ def _compile(template: str) -> jinja2.Template:
     env.filters["tojson"] = _tojson
     env.filters = {name: _guarded_filter(name, f) for name, f in env.filters.items()}
     env.globals["raise_exception"] = _raise_exception
+    env.globals["lipsum"] = _lipsum
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _Dict()
     env.globals["namespace"] = _Namespace

@@ -5,6 +5,7 @@ stops escapes with a pyllm error instead of running them; a template that would 
 make too much is stopped with a ChatTemplateError before it does."""
 from __future__ import annotations
 
+import time
 import tracemalloc
 from datetime import datetime
 
@@ -356,11 +357,16 @@ HI = [{"role": "user", "content": "hi"}]
     "{% set s = 'x' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}",
     "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}",
     "{% macro f(n) %}{% for i in range(100000) %}{% endfor %}{{ f(n) if n else '' }}{% endmacro %}{{ f(1) }}",
-], ids=["empty-loops", "loops-over-a-string", "loops-writing-nothing", "recursive-macro"])
+    # one call of a filter that runs for seconds inside itself (7 s and 9 s here, unbounded)
+    "{{ ('ab ' * 600000)|wordwrap(1)|length }}",
+    "{{ ('a ' * 900000)|urlize|length }}",
+], ids=["empty-loops", "loops-over-a-string", "loops-writing-nothing", "recursive-macro", "wordwrap", "urlize"])
 def test_a_template_that_runs_too_long_is_stopped(template, monkeypatch):
     monkeypatch.setattr(pyllm_chat, "RENDER_SECONDS", 0.3)
+    started = time.monotonic()
     with pytest.raises(ChatTemplateError, match=r"chat template took more than 0.3 s to render"):
         render_chat(template, HI)
+    assert time.monotonic() - started < 3  # stopped near its deadline, not when the call returns
 
 
 # Each would make (or make in steps) a value of 100 MB or more; the check comes before the value.
@@ -380,6 +386,15 @@ def test_a_template_that_runs_too_long_is_stopped(template, monkeypatch):
     "{{ '%0100000000d'|format(1) }}",
     "{{ '{:>100000000}'.format(1) }}",
     "{{ '{:>{w}}'.format(1, w=10**8) }}",
+    "{{ '{0:{1}}'.format('x', '100000000') }}",  # a width given as a string, in a nested field
+    "{{ '{:{}}'.format('x', '100000000') }}",
+    "{{ '{a:>{b}}'.format_map({'a': 'x', 'b': '100000000'}) }}",
+    "{{ '{0:.{1}f}'.format(1.5, '100000000') }}",
+    "{{ '%(a)100000000s' % {'a': 1} }}",
+    "{{ '%(a)100000000s'|format(a=1) }}",
+    "{{ '%*d' % (100000000, 1) }}",
+    "{{ lipsum(n=200000) }}",
+    "{{ lipsum(1000, false, 1000, 1000) }}",
     "{{ 10 ** 1000000 }}",
     "{% set ns = namespace(n=10) %}{% for i in range(21) %}{% set ns.n = ns.n * ns.n %}{% endfor %}",
     "{% set s = '\n' * 100000 %}{{ s|indent(1000)|length }}",
