@@ -362,10 +362,9 @@ def create_app(model, source: str, *, api_key: str | None = None, max_queue: int
     async def chat_completions(req: ChatRequest, request: Request):
         server.check_model(req.model)
         try:
-            prompt = model.render_chat([m.as_dict() for m in req.messages])
-        except (ChatTemplateError, ChatMessageError) as e:
+            ids = model.chat_ids([m.as_dict() for m in req.messages])  # contents as text, as Model.chat
+        except (ChatTemplateError, ChatMessageError, ValueError) as e:  # ValueError: a lone surrogate, TokenizerError
             raise APIError(400, str(e), "messages", "invalid_value") from None
-        ids = server.tokenize(prompt, "messages", add_special=False)  # as Model.chat does
         server.check_fits(ids, "messages")
         jobs = [Job(i, 0, ids, None) for i in range(req.n)]
         limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
