@@ -191,6 +191,8 @@ SLOW_TESTS = {
                        "test_200_requests_16_at_a_time_each_get_what_they_would_alone",
                        "test_clients_killed_at_random_during_a_load_run_leave_no_stuck_slot"},
     "test_tokenizer_gguf.py": {"test_pyllm_gguf_reader_metadata_builds_the_same_tokenizer"},
+    "test_tokenizer_failures.py": {"test_a_regex_that_gives_up_is_a_tokenizer_error",
+                                   "test_the_server_answers_a_regex_that_gives_up_with_400"},
     "test_verify.py": {"test_int8_activations_get_their_own_tolerance"},
 }
 
