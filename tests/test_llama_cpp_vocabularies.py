@@ -4,8 +4,9 @@ the ids llama.cpp's test-tokenizer-0 expects for them (.out). The sdist is fetch
 into the tests' cache (tests/families.py), never into the repository.
 
 test-tokenizer-0 tokenizes with add_special=false and parse_special=false: no BOS, and the text of a
-control token is text. Every vocabulary whose tokenizer pyllm builds must match case for case; the
-others must be refused, not tokenized some other way.
+control token is text. Every vocabulary whose tokenizer pyllm builds must match case for case and
+decode back to the text; the others must be refused, not tokenized some other way. (aquila,
+baichuan, gpt-neox and nomic-bert-moe ship without .inp/.out files: llama.cpp has no cases for them.)
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ MATCHING = [
     "starcoder",    # the StarCoder / SmolLM split (digits one by one)
     "refact",
     "command-r",
+    "mpt",          # GPT-NeoX's vocabulary: runs of spaces are user-defined tokens, written as plain text
 ]
 
 # Tokenizers of families pyllm does not run: building one is an UnsupportedModelError.
@@ -40,14 +42,6 @@ REFUSED = {
     "falcon": "pre-tokenizer 'falcon'",
     "qwen35": "pre-tokenizer 'qwen35'",
 }
-
-# MPT's vocabulary (GPT-NeoX's) holds runs of 2 to 24 spaces as user-defined tokens, which llama.cpp's
-# converter stores as plain text ("  "), outside the byte-level alphabet the other tokens are spelled in.
-# pyllm builds the "mpt" pre type (it is GPT-2's regex) but matches no such token whole, so a run of
-# spaces before a word splits differently: "  Hello" is [209, 24387] (" ", " Hello"), llama.cpp's
-# [50276, 12092] ("  ", "Hello"). pyllm runs no MPT, OLMo or GPT-NeoX family. The cases that differ,
-# by their first 12 characters (the last is the long mixed text whose lines hold such runs):
-DIFFERING = {"mpt": ["  Hello", "   Hello", "    Hello", "    Hello\n  ", "\n \n\n \n\n\n \t \t"]}
 
 
 def models_folder() -> str:
@@ -80,13 +74,7 @@ def test_gguf_tokenizer_matches_llama_cpp_vocabulary_test(name):
     wrong = [(text, tok.encode(text, add_special_tokens=False).ids, ids) for text, ids in pairs
              if tok.encode(text, add_special_tokens=False).ids != ids]
     assert not wrong
-
-
-@pytest.mark.parametrize("name", sorted(DIFFERING))
-def test_gguf_tokenizer_differs_from_llama_cpp_only_where_known(name):
-    tok = tokenizer(name)
-    wrong = [text[:12] for text, ids in cases(name) if tok.encode(text, add_special_tokens=False).ids != ids]
-    assert wrong == DIFFERING[name]
+    assert [text for text, ids in pairs if tok.decode(ids) != text] == []
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
