@@ -122,8 +122,27 @@ class _Budget:
 _BUDGET: ContextVar[_Budget | None] = ContextVar("pyllm_chat_template_budget", default=None)
 
 
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
 def _size(value) -> int:
-    return len(value) if isinstance(value, (str, bytes, list, tuple, dict, set, frozenset)) else 0
+    """The characters of a str (or bytes), or about those of a container's text; 0 for anything else."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    return _text_size(value, {}) if isinstance(value, _CONTAINERS) else 0
+
+
+def _text_size(value, seen: dict) -> int:
+    """About the characters of value's text, its contents counted: a list can hold one list a thousand
+    times ([b] * 1000 has 1000 items, and b's text 1000 times). Each container is walked once (seen)."""
+    if isinstance(value, (str, bytes)):
+        return len(value) + 2
+    if not isinstance(value, _CONTAINERS):
+        return value.bit_length() // 3 + 2 if is_int(value) else 4
+    if id(value) not in seen:
+        items = [x for pair in value.items() for x in pair] if isinstance(value, dict) else value
+        seen[id(value)] = 2 * len(value) + 2 + sum(_text_size(x, seen) for x in items)
+    return seen[id(value)]
 
 
 # Widths and precisions in printf-style format strings ("%(name)-12.4f"); a "*" width comes from
@@ -174,6 +193,7 @@ def _check_binop(budget: _Budget, op: str, left, right) -> None:
     elif op == "%" and isinstance(left, str):
         _check_format(budget, left)
         _check_args(budget, right if isinstance(right, tuple) else (right,), {})
+        budget.need(len(left) + _size(right), "a formatted string")
 
 
 def _too_big_int() -> ChatTemplateError:
@@ -195,6 +215,13 @@ def _check_method(budget: _Budget, method, args, kwargs) -> None:
             budget.need(len(owner) + owner.count("\t") * size, "an expanded string")
 
 
+# Filters that write their input out as text (or a copy of it), whatever its size in items.
+_WRITING_FILTERS = frozenset({"string", "tojson", "pprint", "format", "join", "list", "e", "escape", "forceescape",
+                              "safe", "urlencode", "xmlattr", "unique", "sort", "dictsort", "batch", "slice",
+                              "reverse", "items", "map", "select", "reject", "selectattr", "rejectattr",
+                              "groupby"})
+
+
 def _guarded_filter(name: str, f):
     """The filter f, with its result charged and, for those whose result can be far larger than
     their input, the size it would make checked first."""
@@ -207,6 +234,11 @@ def _guarded_filter(name: str, f):
             raise jinja2.nodes.Impossible()
         own = args[skip:]
         _check_args(budget, own, kwargs)
+        if name in _WRITING_FILTERS and own:
+            budget.need(_size(own[0]), "the text of a value")
+        if name == "sum" and not is_int(own[2] if len(own) > 2 else kwargs.get("start", 0)):
+            # sum(start=[]) concatenates in C, copying all it has so far at each item: hours for 100k items
+            raise ChatTemplateError("chat template asks sum() to add up sequences; only numbers are summed")
         if name == "replace" and len(own) >= 3:
             budget.need(_replaced_size(*own[:3]), "a replaced string")
         elif name == "join" and own:
@@ -237,8 +269,8 @@ class _Formatter(SandboxedFormatter):
     def format_field(self, value, format_spec):
         budget = _BUDGET.get()
         numbers = re.findall(r"\d+", format_spec)
-        if budget is not None and numbers:
-            budget.need(max(map(int, numbers)), "a formatted value")
+        if budget is not None:
+            budget.need(max([_size(value), *map(int, numbers)]), "a formatted value")
         return super().format_field(value, format_spec)
 
 
@@ -269,9 +301,13 @@ class _CodeGenerator(CodeGenerator):
             super().visit(node, *args, **kwargs)
 
     def visit_Concat(self, node, frame):
-        self.write("environment.charge(")
-        super().visit_Concat(node, frame)
-        self.write(")")
+        # each operand's text is checked before the join makes it
+        self.write("environment.charge(str_join((")
+        for arg in node.nodes:
+            self.write("environment.check(")
+            self.visit(arg, frame)
+            self.write("), ")
+        self.write(")))")
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
@@ -312,6 +348,13 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             return str(formatter.vformat(text, args, kwargs))
 
         return wrapper
+
+    def check(self, value):
+        """value, once the text it would write is known to fit in a value (before it is written)."""
+        budget = _BUDGET.get()
+        if budget is not None:
+            budget.need(_size(value), "the text of a value")
+        return value
 
     def guard_loop(self, iterable):
         budget = _BUDGET.get()
@@ -385,6 +428,7 @@ def _compile(template: str) -> jinja2.Template:
         raise ChatTemplateError(f"chat templates need jinja2 >= 3.1.6 (older sandboxes have known escapes), "
                                 f"found {jinja2.__version__}")
     env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env.finalize = env.check  # what {{ ... }} writes
     env.filters["tojson"] = _tojson
     env.filters = {name: _guarded_filter(name, f) for name, f in env.filters.items()}
     env.globals["raise_exception"] = _raise_exception
