@@ -336,17 +336,34 @@ class Model:
         return render_chat(template, messages, bos_token=self.tokenizer.bos_token,
                            eos_token=self.tokenizer.eos_token, add_generation_prompt=True, tools=tools)
 
+    def chat_ids(self, messages: list[dict], chat_template: str | None = None, *, tools: list[dict] | None = None,
+                 special_in_content: bool = False) -> list[int]:
+        """The token ids of the prompt the chat template makes of messages. What the messages hold
+        is text: "<|im_end|>" inside a message is the tokens of those characters, never the special
+        token, so a message cannot close its turn and open another (special tokens are where the
+        template writes them); special_in_content=True reads them as special tokens too. tools: OpenAI's
+        function definitions, for templates that render them."""
+        tok = self.tokenizer
+        if special_in_content:
+            prompt = check_text(self.render_chat(messages, chat_template, tools), "messages (the rendered prompt)")
+            return tok.encode(prompt, add_special=False)
+        try:
+            prompt = self.render_chat(tok.shield(messages), chat_template, tools)
+        except ChatTemplateError as e:
+            raise ChatTemplateError(tok.unshield(str(e))) from None
+        return tok.encode_chat(check_text(prompt, "messages (the rendered prompt)"))
+
     def chat(self, messages: list[dict], *, stream: bool = False, chat_template: str | None = None,
-             max_tokens: int = 256, **params):
+             max_tokens: int = 256, special_in_content: bool = False, **params):
         """Answers a conversation ([{"role": "user", "content": "..."}, ...]) through the model's own
         chat template; returns a Completion, or a Stream when stream=True. The rendered prompt is
-        not given a second BOS; a follow-up turn reuses the cached conversation.
+        not given a second BOS; a follow-up turn reuses the cached conversation. The messages'
+        texts are text, special tokens' included, unless special_in_content (see chat_ids).
 
         >>> llm.chat([{"role": "user", "content": "What is the capital of France?"}]).text  # doctest: +SKIP
         'The capital of France is Paris.'
         """
-        prompt = check_text(self.render_chat(messages, chat_template), "messages (the rendered prompt)")
-        ids = self.tokenizer.encode(prompt, add_special=False)
+        ids = self.chat_ids(messages, chat_template, special_in_content=special_in_content)
         if stream:
             return self.stream(ids, max_tokens=max_tokens, **params)
         return self.generate(ids, max_tokens=max_tokens, **params)

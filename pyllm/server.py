@@ -732,11 +732,10 @@ def _chat_prompt(server: Server, req: ChatRequest) -> tuple[list[int], "Output"]
     output = _chat_output(server.model, template, req)
     messages = [template_message(m.as_dict()) for m in req.messages]
     server.check_length(sum(len(m.get("content") or "") for m in messages), "messages")
-    try:
-        prompt = server.model.render_chat(messages, template, tools=output.tools)
-    except (ChatTemplateError, ChatMessageError) as e:
+    try:  # the messages' contents are text, as in Model.chat: no forged turns
+        ids = server.model.chat_ids(messages, template, tools=output.tools)
+    except (ChatTemplateError, ChatMessageError, ValueError) as e:  # ValueError: a lone surrogate, TokenizerError
         raise APIError(400, str(e), "messages", "invalid_value") from None
-    ids = server.tokenize(prompt, "messages", add_special=False)  # as Model.chat does
     server.check_fits(ids, "messages")
     return ids, output
 

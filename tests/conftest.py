@@ -205,6 +205,8 @@ SLOW_TESTS = {
     "test_structured.py": {"test_tool_call_round_trip", "test_property_completed_outputs_validate",
                            "test_cli_run_with_a_schema_or_a_grammar"},
     "test_tokenizer_gguf.py": {"test_pyllm_gguf_reader_metadata_builds_the_same_tokenizer"},
+    "test_tokenizer_failures.py": {"test_a_regex_that_gives_up_is_a_tokenizer_error",
+                                   "test_the_server_answers_a_regex_that_gives_up_with_400"},
     "test_verify.py": {"test_int8_activations_get_their_own_tolerance"},
 }
 
