@@ -24,6 +24,7 @@ typedef struct {
     int own_rows;     /* one token (a decode step): each thread keeps its own copy of the residual
                          row and its normed row (x's and xn's row ith), so that it needs no barrier
                          to norm them and start the next matmul */
+    int n_layers;     /* the layers run, the first ones (a self-draft's early exit); 0: all */
 } forward_args;
 
 /* Where row t of the batch belongs: its sequence and its position there. Without seqs every row
@@ -301,7 +302,8 @@ static void forward_task(void *raw, int ith, int nth) {
     embed(a, ith, nth); /* the first norm reads only this thread's rows */
 
     float *const *traced = a->trace && a->trace->layers ? a->trace->layers : NULL;
-    for (int l = 0; l < m->n_layers; l++)
+    const int n_layers = a->n_layers ? a->n_layers : m->n_layers;
+    for (int l = 0; l < n_layers; l++)
         layer(a, &m->layers[l], l, traced ? traced + l * PL_TRACE_POINTS : NULL, ith, nth);
 
     float *out_norm = a->trace ? a->trace->out_norm : NULL;
@@ -346,7 +348,7 @@ static void head_task(void *raw, int ith, int nth) {
 
 int pl_head(const pl_model *m, pl_state *s, pl_pool *pool, const float *x, int n, float *logits) {
     if (n < 1 || n > s->n_batch || !x || !logits) return PL_ERR_ARGS;
-    head_args h = {{m, s, pool, NULL, n, logits, 1, n, NULL, 0, NULL, 0}, x};
+    head_args h = {{m, s, pool, NULL, n, logits, 1, n, NULL, 0, NULL, 0, 0}, x};
     pl_pool_run(pool, head_task, &h);
     return PL_OK;
 }
@@ -358,6 +360,12 @@ int pl_forward(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tok
 
 int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
                       float *logits, int all_logits, const pl_trace *trace) {
+    return pl_forward_layers(m, s, pool, tokens, n, logits, all_logits, trace, m->n_layers);
+}
+
+int pl_forward_layers(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
+                      float *logits, int all_logits, const pl_trace *trace, int n_layers) {
+    if (n_layers < 1 || n_layers > m->n_layers) return PL_ERR_ARGS;
     if (n < 1 || !tokens || (!logits && !(trace && trace->out_norm))) return PL_ERR_ARGS;
     if (trace && (s->pos < trace->pos0 || s->pos + n > trace->pos0 + trace->n_rows ||
                   trace->n_keys < trace->pos0 + trace->n_rows))
@@ -374,7 +382,7 @@ int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32
         int last = done + chunk == n;
         float *out = !logits ? NULL : all_logits ? logits + (int64_t)done * m->vocab_size : (last ? logits : NULL);
         forward_args a = {m, s, pool, tokens + done, chunk, out, all_logits, n, trace,
-                          trace ? s->pos - trace->pos0 : 0, NULL, chunk == 1};
+                          trace ? s->pos - trace->pos0 : 0, NULL, chunk == 1, n_layers};
         int blas_chunk = s->mm.sgemm && s->mm.per_thread_blas && n >= PL_BLAS_MIN_TOKENS;
         int blas_threads = blas_chunk ? m->blas.get_threads() : 0;
         if (blas_chunk) m->blas.set_threads(1);
@@ -399,7 +407,7 @@ int pl_forward_batch(const pl_model *m, pl_state *work, pl_state *const *seqs, i
     }
     for (int b = 0; b < n_seqs; b++) pl_state_rope_upto(seqs[b], m, seqs[b]->pos + 1);
     /* batch 1: every row takes the decode path, so each sequence's numbers are its solo step's */
-    forward_args a = {m, work, pool, tokens, n_seqs, logits, 1, 1, NULL, 0, seqs, n_seqs == 1};
+    forward_args a = {m, work, pool, tokens, n_seqs, logits, 1, 1, NULL, 0, seqs, n_seqs == 1, 0};
     pl_pool_run(pool, forward_task, &a);
     for (int b = 0; b < n_seqs; b++) seqs[b]->pos++;
     return PL_OK;

@@ -444,6 +444,12 @@ int pl_head(const pl_model *m, pl_state *s, pl_pool *pool, const float *x, int n
 int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
                       float *logits, int all_logits, const pl_trace *trace);
 
+/* pl_forward_traced through the first n_layers layers only (in [1, n_layers]), then the final norm
+ * and head: a self-draft's early exit. Those layers' keys and values at the new positions are the
+ * ones the whole forward writes there; the layers above are left as they were. */
+int pl_forward_layers(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
+                      float *logits, int all_logits, const pl_trace *trace, int n_layers);
+
 /* ---------------------------------------------------------------- vocabularies (vocab.c) */
 
 /* Every split of a token into two tokens of the vocabulary: token t is bytes[offsets[t],

@@ -25,7 +25,7 @@ _apply_isa_override()  # PYLLM_ISA=scalar|avx2|avx512|neon replaces the best ker
 
 from .batch_jobs import batch
 from .chat import ChatMessageError, ChatTemplateError
-from .errors import ContextLengthError, FormatError, PyllmError, UnsupportedModelError
+from .errors import ContextLengthError, FormatError, PyllmError, TokenizerError, UnsupportedModelError
 from .generation import Completion, Stream
 from .loader import load
 from .model import Model
@@ -44,6 +44,7 @@ __all__ = [
     "SamplingParams",
     "SamplingParamsError",
     "Stream",
+    "TokenizerError",
     "UnsupportedModelError",
     "__version__",
     "load",

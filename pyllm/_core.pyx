@@ -236,6 +236,7 @@ cdef class CoreModel:
     """
     cdef pl_model m
     cdef pl_pool *pool
+    cdef bint borrowed_pool  # another model's pool (share_pool), freed by that model
     cdef object keep
     cdef readonly int n_threads
     cdef readonly tuple weight_types  # the types of every matrix, as bound
@@ -379,8 +380,23 @@ cdef class CoreModel:
         """kv_dtype if this model's caches can hold it, else a ValueError that says why."""
         return check_kv_dtype(kv_dtype, self.m.head_dim)
 
+    def share_pool(self, CoreModel other):
+        """Runs this model on other's thread pool from now on (a draft model beside its target: one
+        set of workers, none spinning while the other model runs). Both must have the same thread
+        count, which sized this model's sequences' buffers; other is kept alive with this one."""
+        if other.n_threads != self.n_threads:
+            raise ValueError(f"a shared pool needs the same thread count: {self.n_threads} here, {other.n_threads} there")
+        if other is self or self.pool == other.pool:
+            return
+        with _forward_lock:
+            if not self.borrowed_pool:
+                pl_pool_free(self.pool)
+            self.pool = other.pool
+            self.borrowed_pool = True
+            self.keep = (self.keep, other)
+
     def __dealloc__(self):
-        if self.pool != NULL:
+        if self.pool != NULL and not self.borrowed_pool:
             pl_pool_free(self.pool)
         pl_model_unpack(&self.m)
         free(self.m.layers)
@@ -458,22 +474,36 @@ cdef class CoreSequence:
         if rc != 0:
             raise ValueError(f"cannot truncate to {pos}: the cache holds {pl_state_pos(self.s)} tokens")
 
-    def forward(self, tokens, bint all_logits=False):
-        """Appends tokens; returns float32 logits (n, vocab) if all_logits else (vocab,)."""
+    def forward(self, tokens, bint all_logits=False, int n_layers=0):
+        """Appends tokens; returns float32 logits (n, vocab) if all_logits else (vocab,). n_layers
+        (in [1, the model's]) runs the first layers only, then the final norm and head: a
+        self-draft's early exit, whose positions hold keys and values in those layers alone."""
         arr = np.ascontiguousarray(tokens, dtype=np.int32)
         cdef const int32_t[::1] tv = arr
         cdef int n = tv.shape[0]
         if n == 0:
             raise ValueError("no tokens to process")
+        if n_layers == 0:
+            n_layers = self.model.m.n_layers
+        if not 1 <= n_layers <= self.model.m.n_layers:
+            raise ValueError(f"n_layers must be in [1, {self.model.m.n_layers}], got {n_layers}")
         cdef int vocab = self.model.m.vocab_size
         out = np.empty([n, vocab] if all_logits else [vocab], dtype=np.float32)
         cdef float[::1] ov = out.reshape(-1)
         cdef int rc
         with _forward_lock:
             with nogil:
-                rc = pl_forward(&self.model.m, self.s, self.model.pool, &tv[0], n, &ov[0], all_logits)
+                rc = pl_forward_layers(&self.model.m, self.s, self.model.pool, &tv[0], n, &ov[0], all_logits,
+                                       NULL, n_layers)
         self._check_status(rc, n)
         return out
+
+    @property
+    def exact_rows(self) -> int:
+        """The most tokens one forward call may take so that each row's logits are the bits of that
+        token's own one-token step: any number where every matmul multiplies quantized activations,
+        else fewer than sgemm's threshold (sgemm's f32 activations round differently)."""
+        return self.n_ctx if self.model.m.sgemm == NULL else PL_BLAS_MIN_TOKENS - 1  # state.c's choice
 
     def forward_batch(self, list seqs, tokens):
         """One decode step of every sequence in seqs (CoreSequences of this model, each its own),

@@ -150,6 +150,8 @@ cdef extern from "pyllm.h" nogil:
         float **layers
     int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
                           float *logits, int all_logits, const pl_trace *trace)
+    int pl_forward_layers(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
+                          float *logits, int all_logits, const pl_trace *trace, int n_layers)
     int pl_head(const pl_model *m, pl_state *s, pl_pool *pool, const float *x, int n, float *logits)
     ctypedef struct pl_vocab_split_list:
         int64_t *which

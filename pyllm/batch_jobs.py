@@ -153,7 +153,8 @@ class Runner:
             raise PyllmError(f'pyllm batch runs the server\'s engine, which needs FastAPI ({e.name} is not '
                              f'installed): pip install "pyllm[server]"') from None
 
-        self.app = create_app(model, source or model.source, max_queue=NO_QUEUE_LIMIT)
+        # in process, no socket: there is no Host header to check (allowed_hosts=None)
+        self.app = create_app(model, source or model.source, max_queue=NO_QUEUE_LIMIT, allowed_hosts=None)
         self.scheduler = self.app.state.server.scheduler
         # as many requests wait as run: a slot that frees is taken at the engine's next step
         self.in_flight = 2 * self.scheduler.slots

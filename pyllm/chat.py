@@ -20,9 +20,11 @@ and fail only on the next step of the escape.
 The sandbox keeps a template from reaching Python, not from spending time and memory, and a template
 from a downloaded file runs on every chat() call. So each rendering is bounded (ChatTemplateError
 past a bound): RENDER_SECONDS of wall time, checked at every loop step, call, operator and piece of
-output; MAX_CHARS characters (or items) for any one value it makes and for the prompt; MADE_CHARS for
-all the values it makes together. Operations that could make a huge value in one step (``'x' * n``,
-``s.replace(a, b)``, ``'%9999999d' % 1``, ``indent(n)``, ...) are checked before they run.
+output, and at the calls inside a global, filter or macro; MAX_CHARS characters (or items) for any one
+value it makes and for the prompt; MADE_CHARS for all the values it makes together. Operations that
+could make a huge value in one step (``'x' * n``, ``s.replace(a, b)``, ``'%9999999d' % 1``, each field
+of ``str.format`` once its nested fields are filled in, ``lipsum(n)``, ``indent(n)``, ...) are checked
+before they run.
 
 >>> render_chat("{% for m in messages %}<{{ m.role }}>{{ m.content }}\\n{% endfor %}"
 ...             "{% if add_generation_prompt %}<assistant>{% endif %}",

@@ -7,7 +7,9 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
 import time
+import types
 from contextvars import ContextVar
 from datetime import datetime
 from functools import lru_cache
@@ -18,7 +20,8 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.compiler import CodeGenerator
 from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
+from jinja2.utils import generate_lorem_ipsum
 
 from .checks import is_int
 from .errors import ChatTemplateError
@@ -69,10 +72,30 @@ class _Budget:
         self.deadline = deadline
         self.limits = limits
         self.made = 0
+        self.calls = 0
 
     def tick(self) -> None:
         if time.monotonic() > self.deadline:
             raise ChatTemplateError(f"chat template took more than {self.limits.seconds:g} s to render")
+
+    def run(self, f, *args, **kwargs):
+        """f(*args, **kwargs), the deadline checked at the calls made inside it too: a global or
+        filter can spend its time in one call (lipsum, wordwrap, urlize, a macro), where no loop
+        step or piece of output is seen. Not inside another such call, whose watch goes on, nor
+        where a profiler (cProfile) already watches this thread."""
+        if sys.getprofile() is not None:
+            return f(*args, **kwargs)
+        sys.setprofile(self._watch)
+        try:
+            return f(*args, **kwargs)
+        finally:
+            sys.setprofile(None)
+
+    def _watch(self, frame, event, arg) -> None:
+        # a profile function: its exception stops the call it came from (and the profiling)
+        self.calls += 1
+        if not self.calls & 1023:
+            self.tick()
 
     def need(self, size: int, what: str) -> None:
         """Refuses, before it runs, an operation that would make a value of size characters."""
@@ -99,13 +122,32 @@ class _Budget:
 _BUDGET: ContextVar[_Budget | None] = ContextVar("pyllm_chat_template_budget", default=None)
 
 
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
 def _size(value) -> int:
-    return len(value) if isinstance(value, (str, bytes, list, tuple, dict, set, frozenset)) else 0
+    """The characters of a str (or bytes), or about those of a container's text; 0 for anything else."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    return _text_size(value, {}) if isinstance(value, _CONTAINERS) else 0
 
 
-# Widths and precisions in printf-style and str.format format strings.
-_PRINTF_WIDTHS = re.compile(r"%[-#0 +]*(\d*)(?:\.(\d*))?")
-_FORMAT_SPECS = re.compile(r"\{[^{}]*:([^{}]*)\}")
+def _text_size(value, seen: dict) -> int:
+    """About the characters of value's text, its contents counted: a list can hold one list a thousand
+    times ([b] * 1000 has 1000 items, and b's text 1000 times). Each container is walked once (seen)."""
+    if isinstance(value, (str, bytes)):
+        return len(value) + 2
+    if not isinstance(value, _CONTAINERS):
+        return value.bit_length() // 3 + 2 if is_int(value) else 4
+    if id(value) not in seen:
+        items = [x for pair in value.items() for x in pair] if isinstance(value, dict) else value
+        seen[id(value)] = 2 * len(value) + 2 + sum(_text_size(x, seen) for x in items)
+    return seen[id(value)]
+
+
+# Widths and precisions in printf-style format strings ("%(name)-12.4f"); a "*" width comes from
+# the arguments, which _check_args bounds.
+_PRINTF_WIDTHS = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\d*)(?:\.(\d*))?")
 
 
 def _check_args(budget: _Budget, args, kwargs) -> None:
@@ -119,7 +161,6 @@ def _check_format(budget: _Budget, fmt) -> None:
     if not isinstance(fmt, str):
         return
     numbers = [n for m in _PRINTF_WIDTHS.finditer(fmt) for n in m.groups() if n]
-    numbers += [n for spec in _FORMAT_SPECS.findall(fmt) for n in re.findall(r"\d+", spec)]
     if numbers:
         budget.need(max(int(n) for n in numbers), "a formatted string")
 
@@ -152,6 +193,7 @@ def _check_binop(budget: _Budget, op: str, left, right) -> None:
     elif op == "%" and isinstance(left, str):
         _check_format(budget, left)
         _check_args(budget, right if isinstance(right, tuple) else (right,), {})
+        budget.need(len(left) + _size(right), "a formatted string")
 
 
 def _too_big_int() -> ChatTemplateError:
@@ -160,7 +202,6 @@ def _too_big_int() -> ChatTemplateError:
 
 def _check_method(budget: _Budget, method, args, kwargs) -> None:
     """Estimates for the str methods whose result can be far larger than their inputs."""
-    method = getattr(method, "__wrapped__", method)  # the sandbox wraps str.format
     owner, name = getattr(method, "__self__", None), getattr(method, "__name__", "")
     if not isinstance(owner, str):
         return
@@ -172,8 +213,13 @@ def _check_method(budget: _Budget, method, args, kwargs) -> None:
         size = args[0] if args else kwargs.get("tabsize", 8)
         if is_int(size):
             budget.need(len(owner) + owner.count("\t") * size, "an expanded string")
-    elif name in ("format", "format_map"):
-        _check_format(budget, owner)
+
+
+# Filters that write their input out as text (or a copy of it), whatever its size in items.
+_WRITING_FILTERS = frozenset({"string", "tojson", "pprint", "format", "join", "list", "e", "escape", "forceescape",
+                              "safe", "urlencode", "xmlattr", "unique", "sort", "dictsort", "batch", "slice",
+                              "reverse", "items", "map", "select", "reject", "selectattr", "rejectattr",
+                              "groupby"})
 
 
 def _guarded_filter(name: str, f):
@@ -188,6 +234,11 @@ def _guarded_filter(name: str, f):
             raise jinja2.nodes.Impossible()
         own = args[skip:]
         _check_args(budget, own, kwargs)
+        if name in _WRITING_FILTERS and own:
+            budget.need(_size(own[0]), "the text of a value")
+        if name == "sum" and not is_int(own[2] if len(own) > 2 else kwargs.get("start", 0)):
+            # sum(start=[]) concatenates in C, copying all it has so far at each item: hours for 100k items
+            raise ChatTemplateError("chat template asks sum() to add up sequences; only numbers are summed")
         if name == "replace" and len(own) >= 3:
             budget.need(_replaced_size(*own[:3]), "a replaced string")
         elif name == "join" and own:
@@ -206,9 +257,30 @@ def _guarded_filter(name: str, f):
             indent = own[1] if len(own) > 1 else kwargs.get("indent")
             if (_size(indent) or (indent if is_int(indent) else 0)) > 64:
                 raise ChatTemplateError(f"chat template asks tojson for an indent of {indent!r} (at most 64)")
-        return budget.charge(f(*args, **kwargs))
+        return budget.charge(budget.run(f, *args, **kwargs))
 
     return guarded
+
+
+class _Formatter(SandboxedFormatter):
+    """str.format and str.format_map for templates: each field's spec is checked once its nested
+    fields are filled in ('{0:{1}}'.format('x', '2000000000') is a width of 2,000,000,000)."""
+
+    def format_field(self, value, format_spec):
+        budget = _BUDGET.get()
+        numbers = re.findall(r"\d+", format_spec)
+        if budget is not None:
+            budget.need(max([_size(value), *map(int, numbers)]), "a formatted value")
+        return super().format_field(value, format_spec)
+
+
+def _lipsum(n=5, html=True, min=20, max=100):  # noqa: A002 (jinja's own keywords)
+    """jinja's lipsum, refused before it runs when it could write more than a value may hold: n
+    paragraphs of up to max words, each up to 16 characters with its space and markup."""
+    budget = _BUDGET.get()
+    if budget is not None and is_int(n) and is_int(max):
+        budget.need(n * max * 16, "lorem ipsum")
+    return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
 
 
 class _CodeGenerator(CodeGenerator):
@@ -229,9 +301,13 @@ class _CodeGenerator(CodeGenerator):
             super().visit(node, *args, **kwargs)
 
     def visit_Concat(self, node, frame):
-        self.write("environment.charge(")
-        super().visit_Concat(node, frame)
-        self.write(")")
+        # each operand's text is checked before the join makes it
+        self.write("environment.charge(str_join((")
+        for arg in node.nodes:
+            self.write("environment.check(")
+            self.visit(arg, frame)
+            self.write("), ")
+        self.write(")))")
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
@@ -254,7 +330,31 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             return super().call(__context, __obj, *args, **kwargs)
         _check_args(budget, args, kwargs)
         _check_method(budget, __obj, args, kwargs)
-        return budget.charge(super().call(__context, __obj, *args, **kwargs))
+        return budget.charge(budget.run(super().call, __context, __obj, *args, **kwargs))
+
+    def wrap_str_format(self, value):
+        """str.format and str.format_map of a template's string, through _Formatter (jinja's own
+        wrapper, with the bounds added)."""
+        if (not isinstance(value, (types.MethodType, types.BuiltinMethodType))
+                or value.__name__ not in ("format", "format_map") or not isinstance(value.__self__, str)):
+            return None
+        text, by_map, formatter = value.__self__, value.__name__ == "format_map", _Formatter(self)
+
+        def wrapper(*args, **kwargs):
+            if by_map:
+                if kwargs or len(args) != 1:
+                    raise TypeError("format_map() takes exactly one argument")
+                args, kwargs = (), args[0]
+            return str(formatter.vformat(text, args, kwargs))
+
+        return wrapper
+
+    def check(self, value):
+        """value, once the text it would write is known to fit in a value (before it is written)."""
+        budget = _BUDGET.get()
+        if budget is not None:
+            budget.need(_size(value), "the text of a value")
+        return value
 
     def guard_loop(self, iterable):
         budget = _BUDGET.get()
@@ -328,9 +428,11 @@ def _compile(template: str) -> jinja2.Template:
         raise ChatTemplateError(f"chat templates need jinja2 >= 3.1.6 (older sandboxes have known escapes), "
                                 f"found {jinja2.__version__}")
     env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env.finalize = env.check  # what {{ ... }} writes
     env.filters["tojson"] = _tojson
     env.filters = {name: _guarded_filter(name, f) for name, f in env.filters.items()}
     env.globals["raise_exception"] = _raise_exception
+    env.globals["lipsum"] = _lipsum
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _Dict()
     env.globals["namespace"] = _Namespace

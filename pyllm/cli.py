@@ -1,7 +1,8 @@
 """The `pyllm` command: run a prompt, chat, or describe a model.
 
     pyllm run [MODEL] PROMPT [--max-tokens N --temperature T --top-k K --top-p P --min-p P
-                              --repetition-penalty R --seed S --stop STR ... --dtype D --verbose]
+                              --repetition-penalty R --seed S --stop STR ... --dtype D --verbose
+                              --json-schema FILE | --grammar FILE]
     pyllm chat [MODEL]       interactive (cli_chat.py); /help lists its commands, Ctrl-C stops an
                              answer, Ctrl-D quits; --chat-template FILE for a model without one
     pyllm info [MODEL]       architecture, parameters, dtypes, context, vocabulary, chat template
@@ -54,6 +55,17 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _positive(text: str) -> float:
+    """An argparse type: a number > 0 (seconds, MiB)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
 def _sampling(args: argparse.Namespace) -> dict:
     settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                 "min_p": args.min_p, "repetition_penalty": args.repetition_penalty, "seed": args.seed}
@@ -68,6 +80,7 @@ def load_model(args: argparse.Namespace, **settings):
     settings.setdefault("n_ctx", getattr(args, "n_ctx", None))
     settings.setdefault("dtype", getattr(args, "dtype", None))
     settings.setdefault("kv_dtype", getattr(args, "kv_dtype", None))
+    settings.setdefault("speculative", getattr(args, "speculative", None))
     return load(args.model, file=args.file, revision=args.revision, **settings)
 
 
@@ -76,9 +89,25 @@ def _write(piece: str) -> None:
     sys.stdout.flush()
 
 
+def _output_format(args: argparse.Namespace) -> dict:
+    """--json-schema FILE / --grammar FILE (Lark or GBNF) as stream()'s keywords."""
+    given = {}
+    for key in ("json_schema", "grammar"):
+        path = getattr(args, key)
+        if path is not None:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    given[key] = f.read()
+            except OSError as e:
+                raise PyllmError(f"--{key.replace('_', '-')} {path}: {e.strerror}") from None
+    return given
+
+
 def _run(args: argparse.Namespace) -> int:
+    output_format = _output_format(args)
     llm = load_model(args)
-    stream = llm.stream(args.prompt, max_tokens=args.max_tokens, stop=args.stop or None, **_sampling(args))
+    stream = llm.stream(args.prompt, max_tokens=args.max_tokens, stop=args.stop or None, **_sampling(args),
+                        **output_format)
     started, first = time.perf_counter(), None
     try:
         for piece in stream:
@@ -115,11 +144,16 @@ def _serve(args: argparse.Namespace) -> int:
         llm.render_chat([{"role": "user", "content": "Hello"}], template)  # a broken one fails here, not per request
     api_key = args.api_key if args.api_key is not None else os.environ.get("PYLLM_API_KEY") or None
     slots = f"{args.parallel} slot{'s' if args.parallel != 1 else ''}"
+    speculating = f", speculative {llm.speculative.name}" if llm.speculative else ""
     print(f"pyllm serve: {llm.source} on http://{args.host}:{args.port}/v1 ({slots}, "
-          f"n_ctx {llm.n_ctx}, {llm.kv_dtype} KV cache, {llm.threads} threads{', API key required' if api_key else ''})",
+          f"n_ctx {llm.n_ctx}, {llm.kv_dtype} KV cache, {llm.threads} threads{speculating}"
+          f"{', API key required' if api_key else ''})",
           file=sys.stderr, flush=True)
     server.serve(llm, args.model, host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
-                 log_level=args.log_level, chat_template=template)
+                 log_level=args.log_level, chat_template=template, max_body=int(args.max_body_mb * 2**20),
+                 allowed_hosts=args.allowed_hosts.split(",") if args.allowed_hosts else None,
+                 request_timeout=args.request_timeout, max_connections=args.max_connections,
+                 shutdown_grace=args.shutdown_grace)
     return 0
 
 
@@ -281,6 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the KV cache's element type: f16 halves its memory and bandwidth (long contexts), "
                             "q8_0 about quarters it (default: f16 for quantized weights, f32 for float ones)")
 
+    def speculative_arg(p):
+        p.add_argument("--speculative", metavar="lookup|draft:FILE|self:N", default=None,
+                       help="speculative decoding, the same output: lookup (n-grams of the prompt: editing, "
+                            "summaries), draft:FILE (a smaller model with the same tokenizer), self:N (the "
+                            "model's first N layers)")
+
     def sampling_args(p, max_tokens):
         p.add_argument("--max-tokens", type=_count, default=max_tokens)
         p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
@@ -296,9 +336,15 @@ def build_parser() -> argparse.ArgumentParser:
     sampling_args(run, 128)
     run.add_argument("--stop", action="append", help="stop before this text (repeatable)")
     dtype_arg(run)
+    constrain = run.add_mutually_exclusive_group()
+    constrain.add_argument("--json-schema", metavar="FILE", help="answer JSON matching this JSON schema "
+                           "(needs pyllm[structured])")
+    constrain.add_argument("--grammar", metavar="FILE", help="answer text matching this Lark or GBNF grammar "
+                           "(needs pyllm[structured])")
     kv_dtype_arg(run)
     run.add_argument("--verbose", "-v", action="store_true",
                      help="after the text, print the token counts and speeds on stderr")
+    speculative_arg(run)
     run.set_defaults(func=_run)
 
     chat = sub.add_parser("chat", help="talk to a chat model")
@@ -311,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     kv_dtype_arg(chat)
     chat.add_argument("--verbose", "-v", action="store_true",
                       help="after each answer, print the token counts and speeds on stderr")
+    speculative_arg(chat)
     chat.set_defaults(func=_chat)
 
     serve = sub.add_parser("serve", help="serve a model over OpenAI's HTTP API (needs pyllm[server])")
@@ -329,7 +376,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a Jinja chat template for /v1/chat/completions, for a model without one (or to "
                             "replace its own)")
     dtype_arg(serve)
+    serve.add_argument("--max-body-mb", type=_positive, default=8,
+                       help="largest request body accepted, in MiB; larger ones get 413 (default 8)")
+    serve.add_argument("--allowed-hosts", default=None,
+                       help="comma-separated Host names to answer ('*': any; default: localhost names when "
+                            "bound to a loopback address, else any)")
+    serve.add_argument("--request-timeout", type=_positive, default=30,
+                       help="seconds a connection has to send a whole request; then it is closed (default 30)")
+    serve.add_argument("--max-connections", type=_count, default=256,
+                       help="connections and requests at once; more are answered 503 (default 256)")
+    serve.add_argument("--shutdown-grace", type=_positive, default=10,
+                       help="seconds requests in flight may run on after SIGTERM/Ctrl-C before they are "
+                            "answered 503 (default 10)")
     kv_dtype_arg(serve)
+    speculative_arg(serve)
     serve.set_defaults(func=_serve)
 
     batch = sub.add_parser("batch", help="run a file of OpenAI Batch requests (JSONL), here or on Ray "

@@ -22,6 +22,11 @@ class ContextLengthError(PyllmError, ValueError):
     """A prompt (or prompt plus cache) does not fit in the model's context."""
 
 
+class TokenizerError(PyllmError, ValueError):
+    """The tokenizer failed on a text: a pattern of its file gave up (a regex that backtracks without
+    end), or another failure inside the tokenizers library."""
+
+
 class QueueFullError(PyllmError):
     """A scheduler already holds as many waiting requests as it was told to queue."""
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .constraints import Constraint
 from .sampling import Sampler, SamplingParams, top_logprobs
 from .tokenizer import IncrementalDecoder
 
@@ -125,10 +126,13 @@ class TextAssembler:
 @dataclass
 class Piece:
     """A generated token and the text it lets through now ("" while UTF-8 or a possible stop
-    string holds it back); logprob as Completion.logprobs lists it, when asked for."""
+    string holds it back); logprob as Completion.logprobs lists it, when asked for. forced: the
+    tokens a constraint allowed no alternative to after it (their text is in text); the next
+    forward pass runs [token_id, *forced]."""
     text: str
     token_id: int
     logprob: dict | None
+    forced: list[int] = field(default_factory=list)
 
 
 def logprob_entry(tokenizer, logits: np.ndarray, token: int, top: int) -> dict:
@@ -148,7 +152,7 @@ class Generation:
     finish_reason is set, finish() gives the last text and the Completion."""
 
     def __init__(self, model, ids: list[int], params: SamplingParams, max_tokens: int, stop,
-                 logprobs: int | None):
+                 logprobs: int | None, grammar: str | None = None):
         self.tokenizer = model.tokenizer
         self.eos_ids = model.eos_ids
         self.n_ctx = model.n_ctx
@@ -158,6 +162,9 @@ class Generation:
         self.logprobs = logprobs
         self.out = TextAssembler(model.tokenizer, stop, len(ids), logprobs is not None)
         self.generated: list[int] = []
+        # grammar (constraints.output_grammar): only tokens that keep the output a prefix of a match
+        self.constraint = Constraint(model, grammar) if grammar is not None else None
+        self.speculator = None  # speculative decoding's state (pyllm.speculative), for the usage
         # max_tokens=0 ends before the prompt runs: nothing generated
         self.finish_reason: str | None = "length" if max_tokens == 0 else None
 
@@ -165,25 +172,44 @@ class Generation:
         """What the cache must hold before the next token: the prompt, and the tokens generated."""
         return self.ids + self.generated if self.generated else self.ids
 
-    def step(self, logits: np.ndarray) -> Piece | None:
-        """The next token sampled from logits, or None at an end-of-sequence token. Sets
-        finish_reason when the generation ends here: "stop" at end of sequence, "length" (made
-        "stop" by finish() after a stop string) at a stop string, max_tokens, or a full context."""
-        token = self.sampler.sample(logits, self.ids, self.generated)
+    def step(self, logits: np.ndarray, token: int | None = None) -> Piece | None:
+        """The next token sampled from logits (or token, where speculative decoding's rejection
+        sampling chose it from them), or None at an end-of-sequence token. Sets finish_reason when
+        the generation ends here: "stop" at end of sequence, "length" (made "stop" by finish()
+        after a stop string) at a stop string, max_tokens, or a full context."""
+        if token is None:
+            allowed = self.constraint.mask(logits) if self.constraint is not None else logits
+            token = self.sampler.sample(allowed, self.ids, self.generated)
         if token in self.eos_ids:
             self.finish_reason = "stop"
             return None
         self.generated.append(token)
         entry = logprob_entry(self.tokenizer, logits, token, self.logprobs) if self.logprobs is not None else None
         piece = Piece(self.out.feed(token, entry), token, entry)
+        if self.constraint is not None:
+            self.constraint.consume(token)
+            if self.logprobs is None:  # a forced token has no logits of its own to report
+                room = min(self.max_tokens - len(self.generated), self.n_ctx - len(self.ids) - len(self.generated))
+                piece.forced = self.constraint.forced(room)
+                self.generated += piece.forced
+                piece.text += "".join(self.out.feed(t, None) for t in piece.forced)
+            if self.constraint.finished:  # a whole match that nothing may follow: done
+                self.finish_reason = "stop"
+                return piece
         if (self.out.stopped or len(self.generated) == self.max_tokens
                 or len(self.ids) + len(self.generated) > self.n_ctx):  # no room to run it
             self.finish_reason = "length"
         return piece
 
     def finish(self) -> tuple[str, Completion]:
-        """(the last text piece, the Completion)."""
-        return self.out.finish(self.finish_reason or "length")
+        """(the last text piece, the Completion). Constrained output that is not a whole match
+        (cut by max_tokens or a stop string) never ends with "stop"."""
+        tail, completion = self.out.finish(self.finish_reason or "length")
+        if self.constraint is not None and not self.constraint.complete:
+            completion.finish_reason = "length"
+        if self.speculator is not None:
+            completion.usage.update(self.speculator.usage())
+        return tail, completion
 
 
 class Stream:

@@ -151,10 +151,19 @@ class KVPool:
             cache.ids = whole_chunks(ids)
             return out
 
-    def step(self, cache: Cache, token: int) -> np.ndarray:
-        """Decodes one token in cache. Decoded keys/values are not reusable: a prefill computes
-        those positions differently, so cache.ids does not grow."""
-        logits = cache.seq.forward([token])
+    def step(self, cache: Cache, token: int, forced: list[int] = ()) -> np.ndarray:
+        """Decodes one token in cache (and the tokens a constraint forced after it, in the same
+        call). Decoded keys/values are not reusable: a prefill computes those positions
+        differently, so cache.ids does not grow."""
+        logits = cache.seq.forward([token, *forced])
+        self._touch(cache)
+        return logits
+
+    def verify(self, cache: Cache, tokens: list[int]) -> np.ndarray:
+        """Runs tokens (a chosen token and the ones proposed after it) in cache as one forward call:
+        logits (len(tokens), vocab), each row the bits of that token's own step when len(tokens) is
+        at most cache.seq.exact_rows. The caller truncates the cache to the tokens it keeps."""
+        logits = cache.seq.forward(tokens, all_logits=True)
         self._touch(cache)
         return logits
 

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from . import _core, scheduler
+from . import _core, scheduler, speculative
 from .arch.spec import ModelSpec
 from .chat import ChatTemplateError, render_chat
 from .checks import check_int, check_run_settings, check_text, is_int
+from .constraints import output_grammar
 from .embedding import POOLINGS, embed_ids
 from .errors import ContextLengthError
 from .generation import Completion, Generation, StopMatcher, Stream
@@ -38,6 +39,8 @@ class Model:
         self._core = core
         self._n_ctx = n_ctx
         self.pool = KVPool(core, n_ctx, parallel)  # a cache per generation that interleaves
+        # how generations speculate unless they say otherwise (pyllm.speculative; load(speculative=))
+        self.speculative: speculative.Speculation | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -140,14 +143,21 @@ class Model:
         """The ids of prompt (text or token ids), checked to fit the context."""
         return self._check_ids(self._prompt_ids(prompt), name)
 
+    def speculation(self, value) -> speculative.Speculation | None:
+        """What a generation's speculative= setting means here: None, the model's own (self.speculative);
+        else pyllm.speculative.parse's reading of it ("lookup", "self:N", "draft:FILE", a Model, "off")."""
+        return self.speculative if value is None else speculative.parse(value, self)
+
     def _run(self, prompt, max_tokens: int, stop, logprobs: int | None, sampling: SamplingParams | None,
-             params: dict, result: dict) -> Iterator[str]:
+             params: dict, result: dict, grammar: str | None, speculation) -> Iterator[str]:
         """Text pieces of one generation; leaves the Completion in result["completion"]."""
         settings = _sampling_params(sampling, params)
         ids = self.prompt_ids(prompt)
         check_run_settings(max_tokens, logprobs)
         settings.validate(self.vocab_size)
-        gen = Generation(self, ids, settings, max_tokens, stop, logprobs)
+        gen = Generation(self, ids, settings, max_tokens, stop, logprobs, grammar)
+        if speculation is not None and grammar is None:  # a constraint's parser takes one token at a time
+            speculation.start(self, gen)
         if gen.finish_reason is None:
             yield from self._decode(gen)
         tail, result["completion"] = gen.finish()
@@ -156,6 +166,9 @@ class Model:
 
     def _decode(self, gen: Generation) -> Iterator[str]:
         """Steps gen in a cache of the pool until it finishes."""
+        if gen.speculator is not None:
+            yield from speculative.decode(self.pool, gen)
+            return
         pool, owner = self.pool, object()
         cache, logits = pool.prefill(gen.ids, owner)
         try:
@@ -167,21 +180,29 @@ class Model:
                     return
                 with pool.lock:
                     if pool.holds(cache, owner):
-                        logits = pool.step(cache, piece.token_id)
+                        logits = pool.step(cache, piece.token_id, piece.forced)
                     else:  # the pool was full and another generation took this cache
                         cache, logits = pool.prefill(gen.context(), owner)
         finally:
             pool.release(cache, owner)
 
     def stream(self, prompt, *, max_tokens: int = 128, stop=None, logprobs: int | None = None,
-               sampling: SamplingParams | None = None, **params) -> Stream:
+               sampling: SamplingParams | None = None, json_schema=None, regex: str | None = None,
+               choices=None, grammar: str | None = None, speculative=None, **params) -> Stream:
         """Yields text pieces as tokens arrive, never half a UTF-8 character; after the loop it
         holds what generate() returns: .text, .token_ids, .finish_reason, .usage, .logprobs (and
         .completion, the Completion itself).
 
         prompt is text or token ids; sampling settings come as a SamplingParams or as keywords
         (temperature, top_k, top_p, min_p, typical_p, repetition_penalty, presence_penalty,
-        frequency_penalty, logit_bias, seed).
+        frequency_penalty, logit_bias, seed). speculative: "lookup", "self:N", "draft:FILE", a draft
+        Model or "off" (pyllm.speculative), None for the model's own setting; the tokens are those
+        of the plain path (greedy: the same bits; sampled: the same distribution), and the usage
+        counts the tokens proposed and taken.
+
+        One of json_schema (a dict or a pydantic model class), regex, choices (a list of strings)
+        or grammar (Lark or GBNF) constrains the output to match it (pyllm.constraints; the
+        `structured` extra): it ends with finish_reason "stop" only as a whole match.
 
         >>> s = llm.stream("Once upon a time", max_tokens=16)  # doctest: +SKIP
         >>> for piece in s:  # doctest: +SKIP
@@ -195,11 +216,17 @@ class Model:
         _sampling_params(sampling, params)  # bad settings raise here, not at the first next()
         check_run_settings(max_tokens, logprobs)
         StopMatcher(stop)
-        return Stream(self._run(prompt, max_tokens, stop, logprobs, sampling, params, result), result)
+        text = output_grammar(json_schema, regex, choices, grammar)
+        speculation = self.speculation(speculative)
+        return Stream(self._run(prompt, max_tokens, stop, logprobs, sampling, params, result, text, speculation),
+                      result)
 
     def generate(self, prompt, *, max_tokens: int = 128, stop=None, logprobs: int | None = None,
-                 sampling: SamplingParams | None = None, **params) -> Completion | list[Completion]:
-        """Continues prompt (text or token ids); greedy unless a temperature is given.
+                 sampling: SamplingParams | None = None, json_schema=None, regex: str | None = None,
+                 choices=None, grammar: str | None = None, speculative=None,
+                 **params) -> Completion | list[Completion]:
+        """Continues prompt (text or token ids); greedy unless a temperature is given. json_schema,
+        regex, choices and grammar constrain the output as in stream(), each prompt of a list on its own.
 
         A list of prompts (texts, or lists of ids) is generated together and gives a list of
         Completions, each the one that prompt gets alone (the same seed, the same tokens): up to
@@ -216,10 +243,13 @@ class Model:
             check_run_settings(max_tokens, logprobs)
             StopMatcher(stop)
             settings.validate(self.vocab_size)
+            text = output_grammar(json_schema, regex, choices, grammar)
             prompts = [self.prompt_ids(p) for p in prompt]
-            return scheduler.run_to_completion(self, prompts, settings, max_tokens, stop, logprobs)
-        s = self.stream(prompt, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
-                        sampling=sampling, **params)
+            return scheduler.run_to_completion(self, prompts, settings, max_tokens, stop, logprobs, text,
+                                               speculative)
+        s = self.stream(prompt, max_tokens=max_tokens, stop=stop, logprobs=logprobs, sampling=sampling,
+                        json_schema=json_schema, regex=regex, choices=choices, grammar=grammar,
+                        speculative=speculative, **params)
         for _ in s:
             pass
         return s.completion
@@ -295,26 +325,45 @@ class Model:
         return Score(ids, [decode([i]) for i in ids], 1, logprobs,
                      [[(decode([j]), j, lp) for j, lp in alt] for alt in alternatives])
 
-    def render_chat(self, messages: list[dict], chat_template: str | None = None) -> str:
-        """The prompt text the model's chat template makes of messages, ready for the assistant."""
+    def render_chat(self, messages: list[dict], chat_template: str | None = None,
+                    tools: list[dict] | None = None) -> str:
+        """The prompt text the model's chat template makes of messages (and tools, OpenAI's function
+        definitions), ready for the assistant."""
         template = chat_template or self.tokenizer.chat_template
         if not template:
             raise ChatTemplateError(
                 f"{self.source} has no chat template; pass chat_template= to chat()")
         return render_chat(template, messages, bos_token=self.tokenizer.bos_token,
-                           eos_token=self.tokenizer.eos_token, add_generation_prompt=True)
+                           eos_token=self.tokenizer.eos_token, add_generation_prompt=True, tools=tools)
+
+    def chat_ids(self, messages: list[dict], chat_template: str | None = None, *, tools: list[dict] | None = None,
+                 special_in_content: bool = False) -> list[int]:
+        """The token ids of the prompt the chat template makes of messages. What the messages hold
+        is text: "<|im_end|>" inside a message is the tokens of those characters, never the special
+        token, so a message cannot close its turn and open another (special tokens are where the
+        template writes them); special_in_content=True reads them as special tokens too. tools: OpenAI's
+        function definitions, for templates that render them."""
+        tok = self.tokenizer
+        if special_in_content:
+            prompt = check_text(self.render_chat(messages, chat_template, tools), "messages (the rendered prompt)")
+            return tok.encode(prompt, add_special=False)
+        try:
+            prompt = self.render_chat(tok.shield(messages), chat_template, tools)
+        except ChatTemplateError as e:
+            raise ChatTemplateError(tok.unshield(str(e))) from None
+        return tok.encode_chat(check_text(prompt, "messages (the rendered prompt)"))
 
     def chat(self, messages: list[dict], *, stream: bool = False, chat_template: str | None = None,
-             max_tokens: int = 256, **params):
+             max_tokens: int = 256, special_in_content: bool = False, **params):
         """Answers a conversation ([{"role": "user", "content": "..."}, ...]) through the model's own
         chat template; returns a Completion, or a Stream when stream=True. The rendered prompt is
-        not given a second BOS; a follow-up turn reuses the cached conversation.
+        not given a second BOS; a follow-up turn reuses the cached conversation. The messages'
+        texts are text, special tokens' included, unless special_in_content (see chat_ids).
 
         >>> llm.chat([{"role": "user", "content": "What is the capital of France?"}]).text  # doctest: +SKIP
         'The capital of France is Paris.'
         """
-        prompt = check_text(self.render_chat(messages, chat_template), "messages (the rendered prompt)")
-        ids = self.tokenizer.encode(prompt, add_special=False)
+        ids = self.chat_ids(messages, chat_template, special_in_content=special_in_content)
         if stream:
             return self.stream(ids, max_tokens=max_tokens, **params)
         return self.generate(ids, max_tokens=max_tokens, **params)

@@ -5,15 +5,20 @@ Each step (Engine.step):
   2. waiting jobs take a free cache of the model's pool (`parallel` of them), reusing the whole
      prefill chunks of the longest prefix any free cache holds (a shared system prompt);
   3. every job whose next-token logits are ready samples its token, emits it, and either finishes
-     or joins this step's batch;
-  4. the batch runs as one forward pass (pl_forward_batch: each weight read once for all rows);
+     or joins this step's batch (a job whose token speculation chose joins it as it is);
+  4. the batch runs as one forward pass (pl_forward_batch: each weight read once for all rows); a
+     batch of one job that speculates (pyllm.speculative) runs a round instead: its token and the
+     ones proposed after it in one call, the tokens it takes emitted at once;
   5. prefill chunks run, oldest job first, up to PREFILL_CHUNK positions in all (the first chunk
      always): a long prompt costs the others one chunk's delay per step instead of its whole
-     prefill, and a burst of short prompts is in after one step, so their batch forms at once.
+     prefill, and a burst of short prompts is in after one step, so their batch forms at once;
+  6. the first waiting embedding input runs its next prefill chunk (EmbedJob).
 
 Nothing here changes a job's numbers: its prompt is prefilled in the same position-aligned chunks
 every prefill uses (PREFILL_CHUNK), and a batch row takes the decode path of a solo step, so each job gets
 exactly the tokens Model.generate gives that prompt alone (greedy, or sampled with the same seed).
+A job that speculates keeps that for greedy decoding; sampled, its tokens follow the same distribution,
+but which of its steps ran as rounds depends on the other jobs, and so do the draws of its seed.
 
 Engine is the synchronous core (Model.generate over a list drives it); Scheduler runs one on a
 background thread for the server and hands events to a callback.
@@ -26,6 +31,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
+from . import _core
 from .checks import check_run_settings
 from .errors import QueueFullError
 from .generation import Completion, Generation, Piece, StopMatcher
@@ -42,6 +50,12 @@ class Finished:
 
 
 @dataclass
+class Embedded:
+    """An embedding job's only event on success: its vector (mean pooled, unit length)."""
+    vector: object
+
+
+@dataclass
 class Failed:
     """The job's last event when the engine could not run it."""
     error: BaseException
@@ -51,12 +65,17 @@ class Job:
     """One generation in an engine. cancel() may be called from any thread."""
 
     def __init__(self, model, ids: list[int], params: SamplingParams, max_tokens: int, stop,
-                 logprobs: int | None, on_event: Callable):
-        self.gen = Generation(model, ids, params, max_tokens, stop, logprobs)
+                 logprobs: int | None, on_event: Callable, grammar: str | None = None, speculation=None):
+        self.gen = Generation(model, ids, params, max_tokens, stop, logprobs, grammar)
+        # a constraint's parser takes one token at a time: a constrained job does not speculate
+        self.speculator = (speculation.start(model, self.gen) if speculation is not None and grammar is None
+                           else None)
         self.on_event = on_event
         self.cache = None         # the pool's Cache while the job holds one
         self.logits = None        # next-token logits once the prompt is in
+        self.chosen = False       # a speculative round chose next_token: no logits to sample
         self.next_token = -1      # the token this step's batch row runs
+        self.forced: list[int] = []  # tokens a constraint forced after it: the job runs alone
         self.cancelled = False
 
     def cancel(self) -> None:
@@ -65,7 +84,21 @@ class Job:
 
     @property
     def prefilling(self) -> bool:
-        return self.cache is not None and self.logits is None
+        return self.cache is not None and self.logits is None and not self.chosen
+
+    def speculate(self, pool) -> bool:
+        """A speculative round from next_token: emits the tokens it makes; whether the job goes on
+        (next_token then the last of them, chosen)."""
+        rows = self.speculator.round(pool, self.cache, self.next_token)
+        pieces = self.speculator.judge(self.cache, rows)
+        for piece in pieces:
+            if piece is not None:
+                self.on_event(piece)
+        if self.gen.finish_reason is not None:
+            self.finish()
+            return False
+        self.next_token, self.chosen = pieces[-1].token_id, True
+        return True
 
     def choose(self) -> int | None:
         """Samples, emits and records the next token; None when the job ends instead of stepping."""
@@ -75,6 +108,7 @@ class Job:
         if self.gen.finish_reason is not None:
             self.finish()
             return None
+        self.forced = piece.forced
         return piece.token_id
 
     def finish(self) -> None:
@@ -84,8 +118,45 @@ class Job:
         self.on_event(Finished(completion))
 
 
+class EmbedJob:
+    """One input of an embeddings request (Model.embed's mean pooling, unit length), run through
+    its own sequence one prefill chunk per engine step, so a long input delays the generations
+    as a prompt's prefill does rather than by its whole forward pass."""
+
+    def __init__(self, ids: list[int], on_event: Callable):
+        self.ids = ids
+        self.on_event = on_event
+        self.cancelled = False
+        self.seq = None
+        self.total = None  # the sum of the final hidden states so far (float64)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def advance(self, core) -> bool:
+        """Runs the next chunk of the input; True once every position is in."""
+        if self.seq is None:
+            self.seq = _core.CoreSequence(core, len(self.ids))
+        a = self.seq.pos
+        b = prefill_chunks(a, len(self.ids))[0][1]
+        _, out = self.seq.forward_traced(self.ids[a:b], {"out_norm": True}, logits=False)
+        rows = out["out_norm"].astype(np.float64).sum(axis=0)
+        self.total = rows if self.total is None else self.total + rows
+        return b == len(self.ids)
+
+    def vector(self) -> np.ndarray:
+        """The input's vector, once advance() is done; its sequence (a KV cache as long as the
+        input) is freed here rather than when the request lets go of its jobs."""
+        self.seq = None
+        mean = self.total / len(self.ids)
+        norm = np.linalg.norm(mean)
+        return (mean / norm if norm > 0 else mean).astype(np.float32)
+
+
 class Engine:
-    """Jobs waiting and running on one model; step() advances all of them by one token."""
+    """Jobs waiting and running on one model; step() advances all of them by one token, and the
+    first embedding input by one prefill chunk (embedding inputs count against max_queue like
+    waiting generations, until their vector is out)."""
 
     def __init__(self, model, max_queue: int | None = None):
         self.model = model
@@ -93,26 +164,56 @@ class Engine:
         self.max_queue = max_queue
         self.slots = self.pool.size
         self.waiting: deque[Job] = deque()
+        self.embeds: deque[EmbedJob] = deque()
         self.running: list[Job] = []  # holding a cache: prefilling, then decoding
         self._lock = threading.Lock()  # guards waiting against submitting threads
         self._work = self.pool.batch_sequence(min(self.slots, MAX_STEP_ROWS))
 
     def submit(self, prompt_ids, *, sampling: SamplingParams, max_tokens: int, stop=None,
-               logprobs: int | None = None, on_event: Callable) -> Job:
+               logprobs: int | None = None, on_event: Callable, grammar: str | None = None,
+               speculative=None) -> Job:
         """Queues a generation of prompt_ids; on_event(event) is called from the thread running
-        step(): zero or more Pieces, then one Finished or Failed."""
+        step(): zero or more Pieces, then one Finished or Failed. grammar (constraints.output_grammar)
+        constrains its output; speculative as Model.generate's."""
         model = self.model
         ids = model.prompt_ids(prompt_ids)  # ContextLengthError when it does not fit
         check_run_settings(max_tokens, logprobs)
         sampling.validate(model.vocab_size)
         StopMatcher(stop)
-        job = Job(model, ids, sampling, max_tokens, stop, logprobs, on_event)
-        with self._lock:
-            if self.max_queue is not None and len(self.waiting) >= self.max_queue:
-                raise QueueFullError(f"{len(self.waiting)} requests are already waiting (the queue holds "
-                                     f"{self.max_queue}); try again later")
-            self.waiting.append(job)
+        job = Job(model, ids, sampling, max_tokens, stop, logprobs, on_event, grammar,
+                  model.speculation(speculative))
+        self._enqueue(self.waiting, job)
         return job
+
+    def submit_embedding(self, ids: list[int], *, on_event: Callable) -> EmbedJob:
+        """Queues one embedding input (ids that fit the context); on_event gets Embedded or Failed."""
+        job = EmbedJob(self.model.prompt_ids(ids, "input"), on_event)
+        self._enqueue(self.embeds, job)
+        return job
+
+    def _enqueue(self, queue: deque, job) -> None:
+        with self._lock:
+            room = self.max_queue
+            if room is not None and queue is self.waiting:
+                # generations that the next step admits into free slots do not wait: a request of
+                # slots + max_queue jobs fits an idle engine however its submits and the steps interleave
+                room += max(0, self.slots - len(self.running))
+            if room is not None and self.queued >= room:
+                raise QueueFullError(f"{self.queued} requests are already waiting (the queue holds "
+                                     f"{self.max_queue} besides the free slots); try again later")
+            queue.append(job)
+
+    def cancel(self, job) -> None:
+        """Ends job: one still waiting leaves the queue at once (its place is free for the next
+        request); a running one leaves at the next step."""
+        job.cancel()
+        self._dequeue(job)
+
+    def _dequeue(self, job) -> None:
+        with self._lock:
+            for queue in (self.waiting, self.embeds):
+                if job in queue:
+                    queue.remove(job)
 
     @property
     def active(self) -> int:
@@ -120,19 +221,37 @@ class Engine:
 
     @property
     def queued(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.embeds)
 
     def busy(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.embeds)
 
     def step(self) -> None:
         with self.pool.lock:
             self._drop_cancelled()
             self._admit()
             self._reclaim_taken_caches()
-            batch = [j for j in list(self.running) if j.logits is not None and self._choose(j)]
-            self._decode(batch)
+            batch = [j for j in list(self.running) if j.chosen or (j.logits is not None and self._choose(j))]
+            if len(batch) == 1 and batch[0].speculator is not None:
+                self._speculate(batch[0])
+            else:
+                self._decode(batch)
             self._prefill_chunks()
+            self._embed_chunk()
+
+    def _embed_chunk(self) -> None:
+        with self._lock:
+            job = self.embeds[0] if self.embeds else None
+        if job is None:
+            return
+        try:
+            if not job.advance(self.model.core):
+                return
+            event = Embedded(job.vector())
+        except Exception as e:  # noqa: BLE001 — the job fails, the engine goes on
+            event = Failed(e)
+        self._dequeue(job)
+        job.on_event(event)
 
     def _drop_cancelled(self) -> None:
         with self._lock:
@@ -162,7 +281,7 @@ class Engine:
         for job in self.running:
             if not self.pool.holds(job.cache, job):
                 job.cache = self.pool.take_prefix(job.gen.context(), job)
-                job.logits = None
+                job.logits, job.chosen = None, False
 
     def _choose(self, job: Job) -> bool:
         """Whether the job goes on with the token it samples (emitted by choose)."""
@@ -177,7 +296,24 @@ class Engine:
         job.next_token = token
         return True
 
+    def _speculate(self, job: Job) -> None:
+        """A job decoding alone speculates: a batch of one reads the weights for it alone anyway."""
+        try:
+            going = job.speculate(self.pool)
+        except Exception as e:  # noqa: BLE001
+            self._fail(job, e)
+            return
+        job.logits = None
+        if not going:
+            self._leave(job)
+
     def _decode(self, batch: list[Job]) -> None:
+        for job in [j for j in batch if j.forced]:  # several tokens: a call of their own, as solo
+            try:
+                job.logits = self.pool.step(job.cache, job.next_token, job.forced)
+            except Exception as e:  # noqa: BLE001
+                self._fail(job, e)
+        batch = [j for j in batch if not j.forced]
         for start in range(0, len(batch), MAX_STEP_ROWS):
             group = batch[start:start + MAX_STEP_ROWS]
             try:
@@ -187,7 +323,7 @@ class Engine:
                     self._fail(job, e)
                 continue
             for job, row in zip(group, logits):
-                job.logits = row
+                job.logits, job.chosen = row, False
 
     def _prefill_chunks(self) -> None:
         budget = PREFILL_CHUNK
@@ -221,7 +357,7 @@ class Engine:
     def fail_all(self, error: BaseException) -> None:
         """Ends every job with error: what a step that went wrong leaves behind cannot be trusted."""
         with self._lock:
-            jobs, self.waiting = list(self.waiting), deque()
+            jobs, self.waiting, self.embeds = list(self.waiting) + list(self.embeds), deque(), deque()
         for job in list(self.running) + jobs:
             try:
                 self._fail(job, error)
@@ -256,6 +392,10 @@ class Scheduler:
     def slots(self) -> int:
         return self.engine.slots
 
+    @property
+    def max_queue(self) -> int:
+        return self.engine.max_queue
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="pyllm-scheduler", daemon=True)
         self._thread.start()
@@ -268,10 +408,16 @@ class Scheduler:
             self._thread.join()
 
     def submit(self, prompt_ids, *, sampling: SamplingParams, max_tokens: int, stop=None,
-               logprobs: int | None = None, on_event: Callable) -> Job:
+               logprobs: int | None = None, on_event: Callable, grammar: str | None = None) -> Job:
         """As Engine.submit; events arrive on the scheduler's thread."""
         job = self.engine.submit(prompt_ids, sampling=sampling, max_tokens=max_tokens, stop=stop,
-                                 logprobs=logprobs, on_event=on_event)
+                                 logprobs=logprobs, on_event=on_event, grammar=grammar)
+        self._notify()
+        return job
+
+    def submit_embedding(self, ids: list[int], *, on_event: Callable) -> EmbedJob:
+        """As Engine.submit_embedding; the event arrives on the scheduler's thread."""
+        job = self.engine.submit_embedding(ids, on_event=on_event)
         self._notify()
         return job
 
@@ -284,8 +430,8 @@ class Scheduler:
             self._wake.notify()
         return future
 
-    def cancel(self, job: Job) -> None:
-        job.cancel()
+    def cancel(self, job) -> None:
+        self.engine.cancel(job)
         self._notify()
 
     def _notify(self) -> None:
@@ -314,7 +460,7 @@ class Scheduler:
 
 
 def run_to_completion(model, prompts: list[list[int]], params: SamplingParams, max_tokens: int, stop,
-                      logprobs) -> list[Completion]:
+                      logprobs, grammar: str | None = None, speculative=None) -> list[Completion]:
     """Model.generate over a list: every prompt a job of one engine, stepped until all finish."""
     results: list[Completion | None] = [None] * len(prompts)
 
@@ -329,7 +475,7 @@ def run_to_completion(model, prompts: list[list[int]], params: SamplingParams, m
     engine = Engine(model)
     for i, ids in enumerate(prompts):
         engine.submit(ids, sampling=params, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
-                      on_event=collect(i))
+                      on_event=collect(i), grammar=grammar, speculative=speculative)
     while engine.busy():
         engine.step()
     return results

@@ -16,7 +16,7 @@ from pydantic_core import PydanticCustomError
 HARMLESS = {"user", "metadata", "store", "safety_identifier", "prompt_cache_key", "service_tier"}
 
 # OpenAI fields pyllm does not run, each refused by name (anything else unknown is refused as unknown).
-UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "audio",
+UNSUPPORTED = {"functions", "function_call", "audio",
                "prediction", "web_search_options", "reasoning_effort", "verbosity", "moderation",
                "prompt_cache_retention", "logprobs_options"}
 
@@ -78,21 +78,101 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     # "developer" is OpenAI's new name for "system"; it is rendered as a system message.
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Union[str, list[TextPart]]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # None only for an assistant turn that calls tools
+    content: Union[str, list[TextPart], None] = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None           # the call a "tool" message answers
+    refusal: str | None = None                # sent back by clients that echo a reply as it came
+
+    @model_validator(mode="after")
+    def _check_content(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise PydanticCustomError("missing_content", "a {role} message needs content", {"role": self.role})
+        return self
 
     def as_dict(self) -> dict:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+        content = (self.content if self.content is None or isinstance(self.content, str)
+                   else "".join(p.text for p in self.content))
+        message = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        if self.tool_calls:
+            message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: str
+    schema_: dict | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
-    type: str
+    """{"type": "text"}, {"type": "json_object"} (any JSON object) or {"type": "json_schema",
+    "json_schema": {"name", "schema", "strict"}}: the reply matches it (pyllm.constraints)."""
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check_schema(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise PydanticCustomError("json_schema", "response_format json_schema goes with type \"json_schema\"",
+                                      {"param": "response_format"})
+        return self
+
+    def schema(self) -> dict | None:
+        """The JSON schema the reply must match; None for plain text."""
+        if self.type == "json_object":
+            return {"type": "object"}
+        if self.type == "json_schema":
+            return self.json_schema.schema_ or {"type": "object"}
+        return None
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ChosenFunction(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["function"]
+    function: ChosenFunction
 
 
 class ChatRequest(Sampling):
@@ -102,12 +182,20 @@ class ChatRequest(Sampling):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: ResponseFormat | None = None
     modalities: list[Literal["text"]] | None = None
+    tools: Annotated[list[Tool], Field(min_length=1, max_length=128)] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
-    def _check_format(self):
-        if self.response_format is not None and self.response_format.type != "text":
-            raise unsupported("response_format", f"response_format of type {self.response_format.type!r} "
-                                                 f"(only \"text\")")
+    def _check_tools(self):
+        names = [t.function.name for t in self.tools or []]
+        if self.tool_choice not in (None, "none") and not names:
+            raise PydanticCustomError("tools", "tool_choice needs tools", {"param": "tool_choice"})
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise PydanticCustomError("tools", "tool_choice names a function that is not in tools",
+                                      {"param": "tool_choice"})
+        if names and self.tool_choice != "none" and self.response_format and self.response_format.schema():
+            raise unsupported("response_format", "response_format together with tools")
         return self
 
 
@@ -121,6 +209,7 @@ class CompletionRequest(Sampling):
     echo: bool = False
     suffix: str | None = None
     best_of: Annotated[int, Field(ge=1)] | None = None
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _check_unsupported(self):

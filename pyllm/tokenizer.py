@@ -9,14 +9,26 @@ import codecs
 import json
 import os
 import re
+import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
 import tokenizers
 
-from .errors import FormatError
+from .errors import FormatError, TokenizerError
 from .formats.json_files import read_json_object
 from .tokenizer_gguf import bytes_to_unicode
+
+
+# Chat prompts: the text of a special token inside a message is text, not the token (a client must not
+# write "<|im_end|>\n<|im_start|>system" and be read as the template's own markup). Messages go to the
+# template with each such text replaced by a marker; the rendered prompt is tokenized as the library
+# would, with the template's special tokens cut out and the markers read back as plain text. The
+# markers hold a secret of this process, so no text from outside can pose as one.
+_SECRET = secrets.token_hex(16)
+_CONTENT = re.compile(f"\ue000{_SECRET}(\\d+)\ue001")  # the text of special token number k, in content
+_PLACED = f"\ue002{_SECRET}\ue003"  # where the template wrote a special token
 
 
 @dataclass
@@ -46,10 +58,9 @@ class Tokenizer:
         tok.eos_token = _token_text(config.get("eos_token"))
         tok.bos_id = hf.token_to_id(tok.bos_token) if tok.bos_token else None
         tok.eos_id = hf.token_to_id(tok.eos_token) if tok.eos_token else None
-        if "add_bos_token" in config:
-            tok.add_bos = bool(config["add_bos_token"])
-        if "add_eos_token" in config:
-            tok.add_eos = bool(config["add_eos_token"])
+        config_path = os.path.join(folder, "tokenizer_config.json")
+        tok.add_bos = _flag(config, "add_bos_token", config_path)
+        tok.add_eos = _flag(config, "add_eos_token", config_path)
         template = config.get("chat_template")
         jinja = os.path.join(folder, "chat_template.jinja")
         if not template and os.path.exists(jinja):
@@ -84,16 +95,79 @@ class Tokenizer:
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         if self.add_bos is None and self.add_eos is None:
-            return self.hf.encode(text, add_special_tokens=add_special).ids
-        ids = self.hf.encode(text, add_special_tokens=False).ids
+            return _library(self.hf.encode, text, add_special_tokens=add_special).ids
+        ids = _library(self.hf.encode, text, add_special_tokens=False).ids
         if add_special and self.add_bos and self.bos_id is not None:
             ids = [self.bos_id] + ids
         if add_special and self.add_eos and self.eos_id is not None:
             ids = ids + [self.eos_id]
         return ids
 
+    @cached_property
+    def _special_texts(self) -> list[str]:
+        added = self.hf.get_added_tokens_decoder().values()
+        return sorted({a.content for a in added if a.special}, key=len, reverse=True)  # longest match first
+
+    @cached_property
+    def _special_pattern(self) -> re.Pattern | None:
+        return re.compile("|".join(map(re.escape, self._special_texts))) if self._special_texts else None
+
+    def shield(self, value):
+        """value (messages: dicts, lists, strings) with the text of each special token in its strings
+        replaced by a marker that encode_chat reads back as plain text. Strings without one are kept."""
+        if isinstance(value, str):
+            pattern, texts = self._special_pattern, self._special_texts
+            if pattern is None:
+                return value
+            return pattern.sub(lambda m: f"\ue000{_SECRET}{texts.index(m.group())}\ue001", value)
+        if isinstance(value, Mapping):
+            return {k: self.shield(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.shield(v) for v in value)
+        return value
+
+    def unshield(self, text: str) -> str:
+        """text with the markers of shield() put back as the texts they stand for."""
+        texts = self._special_texts
+        return _CONTENT.sub(lambda m: texts[int(m.group(1))] if int(m.group(1)) < len(texts) else "", text)
+
+    def encode_chat(self, prompt: str) -> list[int]:
+        """Ids of a prompt a chat template rendered from shielded messages, without BOS/EOS added:
+        the special tokens the template wrote are special, the texts of special tokens inside the
+        messages are text. A prompt without markers is tokenized as encode() does."""
+        if not _CONTENT.search(prompt):
+            return self.encode(prompt, add_special=False)
+        return self._encode_placed(prompt)
+
+    def _encode_placed(self, prompt: str) -> list[int]:
+        """Ids of prompt: its special tokens as the library finds them, the texts between them (the
+        markers read back) tokenized as text, split where the library splits them."""
+        found = _library(self.hf.encode, prompt, add_special_tokens=False)
+        special = {i for i, a in self.hf.get_added_tokens_decoder().items() if a.special}
+        placed = [(i, span) for i, span in zip(found.ids, found.offsets) if i in special]
+        pieces, start = [], 0
+        for _, (begin, end) in placed:  # a token's span holds the spaces it strips (lstrip/rstrip)
+            pieces += [prompt[start:begin], _PLACED]
+            start = end
+        pieces.append(prompt[start:])
+        ids = _library(self._text_only.encode, self.unshield("".join(pieces)), add_special_tokens=False).ids
+        mark = self._text_only.token_to_id(_PLACED)
+        if ids.count(mark) != len(placed):
+            raise TokenizerError("the chat prompt could not be tokenized with its messages as text")
+        template_ids = iter([i for i, _ in placed])
+        return [next(template_ids) if i == mark else i for i in ids]
+
+    @cached_property
+    def _text_only(self) -> tokenizers.Tokenizer:
+        """A copy that reads special tokens' texts as text, and _PLACED as a token of its own: cut
+        out as the library cuts out a special token, so the text around it is split the same way."""
+        copy = tokenizers.Tokenizer.from_str(self.hf.to_str())
+        copy.encode_special_tokens = True
+        copy.add_tokens([tokenizers.AddedToken(_PLACED, normalized=False, special=False)])
+        return copy
+
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=skip_special)
+        return _library(self.hf.decode, list(ids), skip_special_tokens=skip_special)
 
     @cached_property
     def byte_decoding(self) -> str | None:
@@ -120,6 +194,28 @@ class Tokenizer:
                 return bytes([int(token[3:5], 16)])
             token = token.replace("\u2581", " ")
         return token.encode("utf-8")
+
+
+def _library(call, *args, **kwargs):
+    """call(*args, **kwargs) into the tokenizers library, whose failures inside Rust (a regex of
+    the file past its backtracking limit) reach Python as a pyo3 PanicException, a BaseException
+    that `except Exception` lets through: a TokenizerError instead."""
+    try:
+        return call(*args, **kwargs)
+    except BaseException as e:
+        if type(e).__module__ != "pyo3_runtime":
+            raise
+        raise TokenizerError(f"the tokenizer failed on this text: {e}") from None
+
+
+def _flag(config: dict, key: str, path: str) -> bool | None:
+    """A true/false setting, None when absent; files written by hand spell it "false" too."""
+    value = config.get(key)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if value is None or isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return None if value is None else bool(value)
+    raise FormatError(path, f"{key} should be true or false, got {value!r}")
 
 
 def _token_text(value) -> str | None:

@@ -192,7 +192,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, object], source: str = METADATA) 
                 f"{source}: pre-tokenizer {pre!r} (tokenizer.ggml.pre) is not supported; "
                 f"known: {', '.join(sorted(PRE_TOKENIZERS))}"
             )
-        tokenizer, vocab_tokens = _byte_level(tokens, merges, PRE_TOKENIZERS[pre], source)
+        tokenizer, vocab_tokens = _byte_level(tokens, token_types, merges, PRE_TOKENIZERS[pre], source)
         add_bos_default = False
     else:
         # llama.cpp builds a SentencePiece vocabulary from its scores and never reads its merges
@@ -241,7 +241,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, object], source: str = METADATA) 
 
 
 def _byte_level(
-    tokens: List[str], merges: List[Tuple[str, str]], pre: PreTokenizer, source: str
+    tokens: List[str], token_types: Optional[List[int]], merges: List[Tuple[str, str]], pre: PreTokenizer,
+    source: str,
 ) -> Tuple[Tokenizer, Dict[str, int]]:
     """Byte-level BPE: every token is spelled in GPT-2's byte alphabet (Ġ for a space)."""
     spelling = bytes_to_unicode()
@@ -251,6 +252,12 @@ def _byte_level(
         token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8")): i
         for i, token in enumerate(tokens)
     }
+    # llama.cpp's converter writes a user-defined token as the text it matches (GPT-NeoX's runs of
+    # spaces, "  "), and llama.cpp matches that text whole: the text names the token too, so that the
+    # added token made of it (_add_special_tokens) gets its id. Merges never make such a spelling.
+    for i, (token, kind) in enumerate(zip(tokens, token_types or ())):
+        if kind == TOKEN_USER_DEFINED and not set(token) <= alphabet:
+            vocab.setdefault(token, i)
     _check_merges(merges, vocab, source)
     tokenizer = Tokenizer(
         BPE(
@@ -312,14 +319,11 @@ def _sentencepiece(
         tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
         tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous", invert=False)
         tokenizer.decoder = decoders.Sequence(fused)
-    elif rules.prefix_by_normalizer:
+    else:
+        # llama.cpp puts the dummy prefix before the text as it is, leading spaces and all (" Hello"
+        # is "▁▁Hello"), and again after every added token: a normalizer does both
         prefix = [normalizers.Prepend("\u2581")] if add_space_prefix else []
         tokenizer.normalizer = normalizers.Sequence(prefix + [normalizers.Replace(" ", "\u2581")])
-        tokenizer.decoder = decoders.Sequence(fused + strip)
-    else:
-        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
-            replacement="\u2581", prepend_scheme="first" if add_space_prefix else "never", split=False
-        )
         tokenizer.decoder = decoders.Sequence(fused + strip)
     return tokenizer, vocab
 

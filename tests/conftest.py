@@ -203,7 +203,12 @@ SLOW_TESTS = {
     "test_server.py": {"test_server_memory_stays_flat_over_2000_requests",
                        "test_200_requests_16_at_a_time_each_get_what_they_would_alone",
                        "test_clients_killed_at_random_during_a_load_run_leave_no_stuck_slot"},
+    "test_server_hostile.py": {"test_shutdown_lets_running_requests_finish_then_answers_503"},
+    "test_structured.py": {"test_tool_call_round_trip", "test_property_completed_outputs_validate",
+                           "test_cli_run_with_a_schema_or_a_grammar"},
     "test_tokenizer_gguf.py": {"test_pyllm_gguf_reader_metadata_builds_the_same_tokenizer"},
+    "test_tokenizer_failures.py": {"test_a_regex_that_gives_up_is_a_tokenizer_error",
+                                   "test_the_server_answers_a_regex_that_gives_up_with_400"},
     "test_verify.py": {"test_int8_activations_get_their_own_tolerance"},
 }
 

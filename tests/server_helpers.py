@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -20,14 +21,14 @@ CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}<
                  "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
 
 
-def make_tiny_chat_checkpoint(folder: str) -> str:
+def make_tiny_chat_checkpoint(folder: str, chat_template: str = CHAT_TEMPLATE) -> str:
     """The tiny random Llama of conftest with a chat template and 4096 positions (so a stream can
     run long enough to be cut off by its client)."""
     make_tiny_checkpoint(folder, max_position_embeddings=4096)
     path = os.path.join(folder, "tokenizer_config.json")
     with open(path) as f:
         config = json.load(f)
-    config["chat_template"] = CHAT_TEMPLATE
+    config["chat_template"] = chat_template
     with open(path, "w") as f:
         json.dump(config, f)
     return folder
@@ -152,3 +153,44 @@ def drop(conn: http.client.HTTPConnection) -> None:
     """Closes the connection at once, as a killed client would."""
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
+
+
+def raw_exchange(url: str, data: bytes, timeout: float = 30) -> bytes:
+    """What the server sends back to data written on a fresh connection, until it closes it or
+    has sent a whole answer."""
+    return send_until_answered(url, [data], timeout)
+
+
+def send_until_answered(url: str, pieces, timeout: float = 30) -> bytes:
+    """Writes pieces on a fresh connection, stopping as soon as the server answers (a client that
+    reads while it writes); returns the answer, read until the server closes or it is whole."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        for piece in pieces:
+            if select.select([sock], [], [], 0)[0]:
+                break
+            try:
+                sock.sendall(piece)
+            except (BrokenPipeError, ConnectionResetError):  # the server answered and closed mid-body
+                break
+        answer = b""
+        while True:
+            try:
+                part = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not part:
+                break
+            answer += part
+            head, _, body = answer.partition(b"\r\n\r\n")
+            length = [int(v) for k, _, v in (h.partition(b":") for h in head.split(b"\r\n")[1:])
+                      if k.strip().lower() == b"content-length"]
+            if length and len(body) >= length[0]:
+                break
+        return answer
+
+
+def parse_answer(answer: bytes) -> tuple[int, dict]:
+    """(status, parsed JSON body) of a raw HTTP answer."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)

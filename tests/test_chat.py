@@ -5,6 +5,7 @@ stops escapes with a pyllm error instead of running them; a template that would 
 make too much is stopped with a ChatTemplateError before it does."""
 from __future__ import annotations
 
+import time
 import tracemalloc
 from datetime import datetime
 
@@ -356,11 +357,18 @@ HI = [{"role": "user", "content": "hi"}]
     "{% set s = 'x' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}",
     "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}",
     "{% macro f(n) %}{% for i in range(100000) %}{% endfor %}{{ f(n) if n else '' }}{% endmacro %}{{ f(1) }}",
-], ids=["empty-loops", "loops-over-a-string", "loops-writing-nothing", "recursive-macro"])
+    # one call of a filter that runs for seconds inside itself (9 s here, unbounded)
+    "{{ ('a ' * 900000)|urlize|length }}",
+], ids=["empty-loops", "loops-over-a-string", "loops-writing-nothing", "recursive-macro", "urlize"])
 def test_a_template_that_runs_too_long_is_stopped(template, monkeypatch):
     monkeypatch.setattr(pyllm_chat, "RENDER_SECONDS", 0.3)
+    started = time.monotonic()
     with pytest.raises(ChatTemplateError, match=r"chat template took more than 0.3 s to render"):
         render_chat(template, HI)
+    assert time.monotonic() - started < 3  # stopped near its deadline, not when the call returns
+
+
+NESTED = "{% set a = [0] * 500 %}{% set b = [a] * 1000 %}{% set c = [b, b, b, b, b, b, b, b, b, b] %}"
 
 
 # Each would make (or make in steps) a value of 100 MB or more; the check comes before the value.
@@ -380,6 +388,22 @@ def test_a_template_that_runs_too_long_is_stopped(template, monkeypatch):
     "{{ '%0100000000d'|format(1) }}",
     "{{ '{:>100000000}'.format(1) }}",
     "{{ '{:>{w}}'.format(1, w=10**8) }}",
+    "{{ '{0:{1}}'.format('x', '100000000') }}",  # a width given as a string, in a nested field
+    "{{ '{:{}}'.format('x', '100000000') }}",
+    "{{ '{a:>{b}}'.format_map({'a': 'x', 'b': '100000000'}) }}",
+    "{{ '{0:.{1}f}'.format(1.5, '100000000') }}",
+    "{{ '%(a)100000000s' % {'a': 1} }}",
+    "{{ '%(a)100000000s'|format(a=1) }}",
+    "{{ '%*d' % (100000000, 1) }}",
+    "{{ lipsum(n=200000) }}",
+    "{{ lipsum(1000, false, 1000, 1000) }}",
+    # a list holding one list many times is small in items and huge as text
+    NESTED + "{{ [c, c, c, c, c, c, c, c, c, c]|string|length }}",
+    NESTED + "{{ [c, c, c, c, c, c, c, c, c, c] }}",
+    NESTED + "{{ ('x' ~ [c, c, c, c, c, c, c, c, c, c])|length }}",
+    NESTED + "{{ '{}'.format([c, c, c, c, c, c, c, c, c, c])|length }}",
+    NESTED + "{{ ('%s' % [[c, c, c, c, c, c, c, c, c, c]])|length }}",
+    NESTED + "{{ [c, c, c, c, c, c, c, c, c, c]|tojson|length }}",
     "{{ 10 ** 1000000 }}",
     "{% set ns = namespace(n=10) %}{% for i in range(21) %}{% set ns.n = ns.n * ns.n %}{% endfor %}",
     "{% set s = '\n' * 100000 %}{{ s|indent(1000)|length }}",
@@ -397,6 +421,13 @@ def test_a_template_that_would_make_a_huge_value_is_refused_before_it_does(templ
     finally:
         tracemalloc.stop()
     assert peak < 80 * 2**20
+
+
+def test_a_sum_of_sequences_is_refused():
+    # sum(start=[]) concatenates in C, copying what it has at each item: hours for these 100k lists
+    with pytest.raises(ChatTemplateError, match="only numbers are summed"):
+        render_chat("{{ ([[0] * 2] * 100000)|sum(start=[])|length }}", HI)
+    assert render_chat("{{ [1, 2.5]|sum }}{{ [{'n': 2}]|sum(attribute='n', start=1) }}", HI) == "3.53"
 
 
 def test_a_template_that_writes_more_than_any_prompt_is_refused():

@@ -197,9 +197,9 @@ def test_refusals_a_full_queue_a_long_prompt_bad_settings(family_checkpoint):
     llm = pyllm.load(family_checkpoint("llama"), threads=2, n_ctx=32)
     engine = Engine(llm, max_queue=2)
     clock = [0]
-    submit(engine, clock, [5], max_tokens=1)
-    submit(engine, clock, [6], max_tokens=1)
-    with pytest.raises(QueueFullError, match="2 requests are already waiting"):
+    for i in range(engine.slots + 2):  # the free slots' jobs do not count against the queue
+        submit(engine, clock, [5 + i], max_tokens=1)
+    with pytest.raises(QueueFullError, match=f"{engine.slots + 2} requests are already waiting"):
         submit(engine, clock, [7], max_tokens=1)
     with pytest.raises(pyllm.ContextLengthError, match="33 tokens"):
         Engine(llm).submit(list(range(3, 36)), sampling=SamplingParams(), max_tokens=1, on_event=print)

@@ -34,7 +34,8 @@ def app_client(tiny_folder):
     clients = []
 
     def make(chat_template=None):
-        client = TestClient(create_app(model, "tiny", chat_template=chat_template))
+        # a localhost name: the app answers only those when it is not told other hosts
+        client = TestClient(create_app(model, "tiny", chat_template=chat_template), base_url="http://localhost")
         client.__enter__()  # runs the lifespan: the scheduler's thread
         clients.append(client)
         return client
@@ -98,6 +99,10 @@ def test_an_image_part_gets_one_plain_sentence(app_client):
 
 def test_too_long_messages_are_worded_in_the_plural(app_client):
     status, body = chat(app_client(CHAT_TEMPLATE), [{"role": "user", "content": "word " * 200}])
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+    message = body["error"]["message"]  # refused by its characters before it is tokenized
+    assert "but the messages have 1000 characters" in message and " has " not in message
+    status, body = chat(app_client(CHAT_TEMPLATE), [{"role": "user", "content": "word " * 40}])
     assert status == 400 and body["error"]["code"] == "context_length_exceeded"
     assert "but the messages make " in body["error"]["message"] and " has " not in body["error"]["message"]
 

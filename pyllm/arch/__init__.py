@@ -35,9 +35,20 @@ for _module in _families():
     ALIASES.update(getattr(_module, "ALIASES", {}))
 
 
+# transformers' causal-LM class of each model_type pyllm runs: what it loads when a config names no
+# architectures (AutoModelForCausalLM)
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+               "gemma3": "Gemma3ForConditionalGeneration", "gemma3_text": "Gemma3ForCausalLM",
+               "phi3": "Phi3ForCausalLM", "gpt2": "GPT2LMHeadModel"}
+
+
 def family_for(config: dict) -> ModuleType:
-    """The family module of a config.json; ValueError if `architectures` is malformed."""
+    """The family module of a config.json, by its `architectures`, else by its `model_type`;
+    ValueError if `architectures` is malformed."""
     declared = config.get("architectures") or []
+    if not declared and isinstance(config.get("model_type"), str) and config["model_type"] in MODEL_TYPES:
+        declared = [MODEL_TYPES[config["model_type"]]]
     if not isinstance(declared, list) or not all(isinstance(n, str) for n in declared):
         raise ValueError(f"architectures must be a list of names, got {declared!r}")
     for name in declared:

@@ -36,7 +36,6 @@ class SentencePieceRules:
     # a dummy prefix; a token of spaces stored with real spaces ("  ") is respelled "▁▁"
     spaces_as_pieces: bool = False
     merges_by_id: bool = False  # the merge order follows the tokens' order in the file, not their scores
-    prefix_by_normalizer: bool = False  # the dummy prefix comes from a normalizer: after every special token too
     unk_token: str | None = None  # the BPE model's unknown token, when the vocabulary holds it
     extra_special: tuple[str, ...] = ()  # special tokens beyond bos/eos/unk/pad, when the vocabulary holds them
 

@@ -28,8 +28,6 @@ from .spec import MAX_LAYERS, ModelSpec, Rope
 
 ARCHITECTURES = ("Phi3ForCausalLM",)
 GGUF_ARCHITECTURES = ("phi3",)
-# Phi-3's tokenizer.json prefixes with a normalizer: after every special token too
-GGUF_VOCABULARY = common.SentencePieceRules(prefix_by_normalizer=True)
 
 # Phi3Config's defaults for max_position_embeddings and original_max_position_embeddings
 DEFAULT_CONTEXT = 4096

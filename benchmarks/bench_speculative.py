@@ -1,0 +1,138 @@
+"""Times greedy generation with each speculative proposer against plain decoding on three tasks.
+
+    python benchmarks/bench_speculative.py [--threads 2] [--max-tokens 160] [--rounds 2]
+
+Tasks: editing (a ~400-token function with one change asked for, the whole function back), a summary
+of a given text, and free chat. Targets: SmolLM2-135M-Instruct Q4_1 (proposers lookup and self:N),
+and the same model as a bf16 folder (f32 compute), whose draft is the Q4_1 file (same tokenizer, a
+third of the bytes). Every speculative output is checked to be the plain output token for token.
+Decode tok/s = (tokens - 1) / (generation time - the time to the first token, measured alone), each
+from a fresh cache; best of --rounds. Forward calls: the model's calls after the prompt (plain: one
+per token), which no load on the machine changes. Prints a Markdown table and the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import platform
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's pyllm
+
+import pyllm  # noqa: E402
+from pyllm import hub, sampling  # noqa: E402
+
+CACHE = os.path.expanduser(os.environ.get("PYLLM_CACHE") or "~/.cache/pyllm")
+BF16_FOLDER = os.path.join(CACHE, "smollm2-135m-instruct-bf16")  # tests/conftest.py's smollm2_folder
+
+SUMMARY_TEXT = """The Industrial Revolution began in Great Britain in the second half of the eighteenth century
+and spread to continental Europe and North America during the nineteenth. It replaced hand production with
+machines, new chemical manufacturing and iron production processes, and the growing use of steam power and
+water power. Textiles were the first industry to use modern production methods: the spinning jenny, the
+water frame and the power loom multiplied what a single worker could make, and cotton cloth became cheap
+enough for most people to buy. Coal mining grew to feed the steam engines, and canals and later railways
+carried coal, iron and goods across the country. Cities such as Manchester and Birmingham grew quickly as
+people moved from farms to factories, where they often worked long hours in dangerous conditions for low
+wages. Children worked in mills and mines until laws in the 1830s and 1840s began to limit their hours.
+Over time, the revolution raised average incomes and living standards, but its benefits were unevenly
+shared, and it brought pollution, crowded housing and new social conflicts that shaped the politics of the
+following century."""
+
+
+def tasks() -> dict[str, list[dict]]:
+    function = inspect.getsource(sampling.Sampler._survivors)
+    return {
+        "editing": [{"role": "user", "content": "Rename the variable `ids` to `kept_ids` in this Python method. "
+                     "Reply with the whole method and nothing else.\n\n```python\n" + function + "```"}],
+        "summary": [{"role": "user", "content": "Summarize this text in a few sentences, using its own words "
+                     "where you can.\n\n" + SUMMARY_TEXT}],
+        "free chat": [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a "
+                       "message in a bottle."}],
+    }
+
+
+def timed(llm, ids, max_tokens, speculative, rounds):
+    """(completion, best decode tok/s, best end-to-end tok/s)."""
+    best_decode = best_total = 0.0
+    for _ in range(rounds):
+        llm.reset()
+        start = time.perf_counter()
+        llm.generate(ids, max_tokens=1, speculative="off")
+        first = time.perf_counter() - start
+        llm.reset()
+        start = time.perf_counter()
+        out = llm.generate(ids, max_tokens=max_tokens, speculative=speculative)
+        total = time.perf_counter() - start
+        n = len(out.token_ids)
+        best_decode = max(best_decode, (n - 1) / max(total - first, 1e-9))
+        best_total = max(best_total, n / total)
+    return out, best_decode, best_total
+
+
+def verify_costs(llm) -> str:
+    """The median time of one forward call of n rows against a one-token step's: what a verified
+    row costs."""
+    from pyllm import _core
+
+    seq = _core.CoreSequence(llm.core, 512)
+    seq.forward(list(range(100, 300)))
+    times = {}
+    for n in (1, 2, 5, 9, 13):
+        runs = []
+        for _ in range(25):
+            start = time.perf_counter()
+            seq.forward(list(range(400, 400 + n)), all_logits=True)
+            runs.append(time.perf_counter() - start)
+            seq.truncate(200)
+        times[n] = sorted(runs)[len(runs) // 2]
+    return ", ".join(f"{n} rows {times[n] / times[1]:.2f}x" for n in times if n > 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    q4 = hub.fetch_alias("smollm2", quiet=True)
+    setups = [(q4, None, ["lookup", "self:24"])]
+    if os.path.exists(os.path.join(BF16_FOLDER, "model.safetensors")):
+        setups.append((BF16_FOLDER, q4, ["lookup", "draft"]))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    print(f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, "
+          f"{args.threads} threads; load average at start {os.getloadavg()}; pyllm commit {commit}", flush=True)
+    print(f"- greedy, {args.max_tokens} tokens at most, best of {args.rounds} rounds, a fresh cache each")
+    print("| target | task | prompt tokens | proposer | tokens | forward calls | accepted/proposed | decode tok/s "
+          "| end-to-end tok/s | decode vs plain |")
+    print("|---|---|--:|---|--:|--:|--:|--:|--:|--:|", flush=True)
+
+    def row(target, task, n_prompt, proposer, n, calls, counts, decode, total, ratio):
+        print(f"| {target} | {task} | {n_prompt} | {proposer} | {n} | {calls} | {counts} | {decode:.1f} | {total:.1f} | "
+              f"{ratio:.2f}x |", flush=True)
+
+    for source, draft, proposers in setups:
+        llm = pyllm.load(source, threads=args.threads,
+                         speculative=f"draft:{draft}" if draft else None)
+        drafted = llm.speculative
+        print(f"- {os.path.basename(source)}: a verifying call of n rows against a step: {verify_costs(llm)}",
+              flush=True)
+        for task, messages in tasks().items():
+            ids = llm.tokenizer.encode(llm.render_chat(messages), add_special=False)
+            plain, decode0, total0 = timed(llm, ids, args.max_tokens, "off", args.rounds)
+            row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids), len(plain.token_ids) - 1, "",
+                decode0, total0, 1.0)
+            for proposer in proposers:
+                setting = drafted if proposer == "draft" else proposer
+                out, decode, total = timed(llm, ids, args.max_tokens, setting, args.rounds)
+                assert out.token_ids == plain.token_ids, f"{proposer} on {task}: not the plain tokens"
+                counts = out.usage["speculative"]
+                row(os.path.basename(source), task, len(ids), counts["proposer"], len(out.token_ids), counts["steps"],
+                    f"{counts['accepted']}/{counts['proposed']}", decode, total, decode / decode0)
+
+
+if __name__ == "__main__":
+    main()

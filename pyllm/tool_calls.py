@@ -1,0 +1,142 @@
+"""OpenAI tool calls through a model's own chat template: which call format the template teaches the
+model, a grammar that keeps every call valid JSON of its function's parameter schema, and the
+calls parsed back out of the text.
+
+    Qwen2.5 / Qwen3 (Hermes style)  <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>, one per call
+    Llama 3.1 / 3.2 / 3.3           {"name": ..., "parameters": {...}}, one call
+    Mistral (Nemo, Small)           [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...], [TOOL_CALLS] the
+                                    control token; call ids of 9 letters and digits, as its template demands
+
+A template that mentions no tools is refused (ToolsUnsupported) rather than given a prompt the model
+was not taught.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from .constraints import output_grammar
+from .errors import PyllmError
+
+
+class ToolsUnsupported(PyllmError, ValueError):
+    """The model's chat template has no tool calls pyllm can prompt for and parse."""
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    prefix: str         # before each call's JSON
+    suffix: str         # after it
+    separator: str      # between parallel calls
+    arguments: str      # the key of the call's arguments
+    parallel: bool      # the template renders several calls in one turn
+    marker: str         # the text that begins the calls: free text ("auto") never holds it
+    opening: str = ""   # llguidance Lark before the calls (a special token: <[id]>)
+    closing: str = ""   # text after them
+    id_chars: int = 0   # call ids of exactly this many letters and digits (0: OpenAI's call_...)
+
+    def may_call(self, text: str) -> bool:
+        """Whether a reply beginning with text may still be calls (free text never starts so)."""
+        return text.startswith(self.marker) or self.marker.startswith(text)
+
+    def call_id(self) -> str:
+        return uuid.uuid4().hex[:self.id_chars] if self.id_chars else "call_" + uuid.uuid4().hex[:24]
+
+
+QWEN = ToolFormat("qwen", "<tool_call>\n", "\n</tool_call>", "\n", "arguments", True, "<tool_call>")
+LLAMA3 = ToolFormat("llama3", "", "", "", "parameters", False, "{")  # only a reply that starts with it
+MISTRAL_CALLS = "[TOOL_CALLS]"
+
+
+def template_format(template: str | None, tokenizer=None) -> ToolFormat:
+    """The call format a chat template asks for; ToolsUnsupported when it has none pyllm parses.
+    Mistral's needs the tokenizer, for its [TOOL_CALLS] token."""
+    template = template or ""
+    if "<tool_call>" in template and "tools" in template:
+        return QWEN
+    if '"parameters": ' in template and "ipython" in template:
+        return LLAMA3
+    if MISTRAL_CALLS in template:
+        token = tokenizer.hf.token_to_id(MISTRAL_CALLS) if tokenizer is not None else None
+        if token is None:
+            raise ToolsUnsupported(f"this model's chat template calls tools with {MISTRAL_CALLS}, "
+                                   f"which its vocabulary has no token for")
+        return ToolFormat("mistral", "", "", ", ", "arguments", True, MISTRAL_CALLS,
+                          f'<[{token}]> "["', "]", 9)
+    raise ToolsUnsupported("this model's chat template has no tool support: it cannot be given tools")
+
+
+def _parameters(tool: dict) -> dict:
+    return tool["function"].get("parameters") or {"type": "object", "properties": {}}
+
+
+def calls_grammar(tools: list[dict], fmt: ToolFormat, choice, parallel: bool) -> str | None:
+    """llguidance's grammar for the reply: tool calls only (choice "required" or a named function),
+    free text or tool calls ("auto"), or no constraint (None, for "none")."""
+    if choice == "none":
+        return None
+    if isinstance(choice, dict):
+        tools = [t for t in tools if t["function"]["name"] == choice["function"]["name"]]
+    call = {"oneOf": [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                        fmt.arguments: _parameters(t)},
+                       "required": ["name", fmt.arguments], "additionalProperties": False} for t in tools],
+            # spaced as the templates write calls back (`tojson`), as the model was taught them
+            "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}}
+    several = parallel and fmt.parallel
+    call_rule = f"{json.dumps(fmt.prefix)} body {json.dumps(fmt.suffix)}" if fmt.prefix else "body"
+    calls = "call (SEP call)*" if several else "call"
+    if fmt.opening or fmt.closing:
+        calls = f"{fmt.opening} {calls} {json.dumps(fmt.closing)}"
+    lines = [f"start: {'calls | TEXT' if choice == 'auto' else 'calls'}",
+             f"calls: {calls}",
+             f"call: {call_rule}",
+             f"body: %json {json.dumps(call)}"]
+    if several:
+        lines.append(f"SEP: {json.dumps(fmt.separator)}")
+    if choice == "auto":  # a reply is free text or calls, never text with unconstrained calls in it
+        anywhere = "" if fmt is LLAMA3 else ".*"
+        lines.append(f"TEXT: /(?s:.+)/ & ~/(?s:{anywhere}{re.escape(fmt.marker)}.*)/")
+    lark = "\n".join(lines) + "\n"
+    return output_grammar(grammar=lark)
+
+
+def parse_calls(text: str, fmt: ToolFormat) -> tuple[str | None, list[dict]]:
+    """(the content before the calls or None, OpenAI's tool_calls); no calls: (text, [])."""
+    try:
+        if fmt is QWEN:
+            found = [json.loads(b) for b in re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S)]
+            content = text.split("<tool_call>", 1)[0].strip() or None
+        elif fmt is LLAMA3:
+            found, content = ([json.loads(text)] if text.lstrip().startswith("{") else []), None
+        else:
+            before, marker, after = text.partition(fmt.marker)
+            found, content = (json.loads(after) if marker else []), before.strip() or None
+    except ValueError:
+        return text, []
+    if not isinstance(found, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str)
+                                              for c in found):
+        return text, []
+    calls = [{"id": fmt.call_id(), "type": "function",
+              "function": {"name": c["name"], "arguments": json.dumps(c.get(fmt.arguments, {}), ensure_ascii=False)}}
+             for c in found]
+    return (content, calls) if calls else (text, [])
+
+
+def template_message(message: dict) -> dict:
+    """An OpenAI message as chat templates read it: a tool call's arguments as a dict (OpenAI sends
+    a JSON string; templates write `arguments | tojson`)."""
+    if not message.get("tool_calls"):
+        return message
+    calls = []
+    for call in message["tool_calls"]:
+        function = dict(call.get("function") or {})
+        if isinstance(function.get("arguments"), str):
+            try:
+                function["arguments"] = json.loads(function["arguments"])
+            except ValueError:
+                pass
+        calls.append({**call, "function": function})
+    return {**message, "tool_calls": calls}

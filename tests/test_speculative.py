@@ -1,0 +1,223 @@
+"""Speculative decoding is exact: greedy, every proposer gives the plain path's tokens, logprobs and
+text (the verifying call's rows are the bits of one-token steps, and a rollback leaves the cache as
+the plain path has it); sampled, rejection sampling keeps the target's distribution."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+import pyllm
+from pyllm import _core, speculative
+from pyllm.generation import Generation
+from pyllm.sampling import SamplingParams
+
+PROMPT = "the cat sat on the mat and the dog sat on the log. the cat sat on the mat and the dog"
+
+
+def _same_run(plain, fast):
+    assert fast.token_ids == plain.token_ids
+    assert fast.text == plain.text
+    assert fast.logprobs == plain.logprobs  # floats of every top alternative: the same logits
+    assert fast.finish_reason == plain.finish_reason
+
+
+@pytest.fixture(scope="module")
+def tiny(checkpoint):
+    """family -> (target, a draft that is the target itself)."""
+    loaded = {}
+
+    def get(family):
+        if family not in loaded:
+            folder = checkpoint(family)
+            loaded[family] = pyllm.load(folder, threads=2), pyllm.load(folder, threads=2)
+        return loaded[family]
+    return get
+
+
+@pytest.fixture(scope="module")
+def other_draft(checkpoint):
+    """A tiny llama with other weights and the same tokenizer: its guesses are mostly wrong."""
+    return pyllm.load(checkpoint("llama", seed=1), threads=2)
+
+
+@pytest.mark.parametrize("family", ["llama", pytest.param("qwen2", marks=pytest.mark.slow), "gemma3", "gpt2"])
+def test_greedy_speculation_gives_the_plain_tokens_logprobs_and_text_with_every_proposer(tiny, other_draft, family):
+    target, same = tiny(family)
+    plain = target.generate(PROMPT, max_tokens=24, logprobs=3, speculative="off")
+    drafts = [other_draft] if family == "llama" else []
+    for proposer in ["lookup", f"self:{target.spec.n_layers - 1}", "self:1", same, *drafts]:
+        fast = target.generate(PROMPT, max_tokens=24, logprobs=3, speculative=proposer)
+        _same_run(plain, fast)
+        counts = fast.usage["speculative"]
+        assert 0 <= counts["accepted"] <= counts["proposed"]
+        details = fast.usage["completion_tokens_details"]
+        assert details["accepted_prediction_tokens"] + details["rejected_prediction_tokens"] == counts["proposed"]
+        if proposer is same:  # the target's own greedy tokens: every one is taken, in fewer calls
+            assert counts["proposed"] > 0 and counts["accepted"] == counts["proposed"]
+            assert counts["steps"] < len(plain.token_ids) // 2
+
+
+@pytest.mark.parametrize("family,dtype", [("gemma3", None), ("llama", "q4_1")])
+def test_verified_rows_and_a_rollback_give_the_bits_of_one_token_steps(checkpoint, family, dtype):
+    """gemma3: sliding windows of 8 positions, crossed by the verified chunks and the rollback."""
+    folder = checkpoint(family, hidden_size=64, intermediate_size=192) if dtype else checkpoint(family)
+    llm = pyllm.load(folder, threads=2, dtype=dtype)
+    ids = list(np.random.default_rng(1).integers(3, 300, 30))
+    plain = _core.CoreSequence(llm.core, 64)
+    steps = [plain.forward(ids[:6])] + [plain.forward([t]) for t in ids[6:]]
+    seq = _core.CoreSequence(llm.core, 64)
+    seq.forward(ids[:5])
+    pos = 5
+    for chunk, keep in [(7, 3), (9, 9), (4, 1), (8, 5)]:
+        rows = seq.forward(ids[pos:pos + chunk], all_logits=True)
+        for i in range(chunk):
+            np.testing.assert_array_equal(rows[i], steps[pos + i - 5])
+        pos += keep
+        seq.truncate(pos)  # the rest is proposed tokens the target turned down
+    assert seq.exact_rows >= 9
+
+
+class _Never:
+    """Proposes a token the target never picks: every proposal is turned down."""
+
+    cost = 0.0
+
+    def __init__(self, token):
+        self.token = token
+
+    def propose(self, context, k, choose):
+        return [self.token] * k, [None] * k
+
+
+def test_a_proposer_that_is_never_right_changes_nothing(tiny):
+    target = tiny("llama")[0]
+    banned = 7
+    params = SamplingParams(logit_bias={banned: -100.0})
+    plain = target.generate(PROMPT, max_tokens=24, logprobs=2, sampling=params)
+    gen = Generation(target, target.prompt_ids(PROMPT), params, 24, None, 2)
+    gen.speculator = speculative.Speculator("never", _Never(banned), gen, target.vocab_size)
+    text = "".join(speculative.decode(target.pool, gen))
+    _, fast = gen.finish()
+    _same_run(plain, fast)
+    assert text == plain.text
+    assert fast.usage["speculative"]["proposed"] > 0 and fast.usage["speculative"]["accepted"] == 0
+
+
+def test_stream_chat_and_generate_over_a_list_speculate_too(tiny):
+    target, same = tiny("llama")
+    plain = target.generate(PROMPT, max_tokens=20)
+    stream = target.stream(PROMPT, max_tokens=20, speculative=same)
+    assert "".join(stream) == plain.text and stream.usage["speculative"]["accepted"] > 0
+    [one] = target.generate([PROMPT], max_tokens=20, speculative=same)  # the engine: a job alone speculates
+    assert one.token_ids == plain.token_ids and one.usage["speculative"]["accepted"] > 0
+    both = target.generate([PROMPT, "the dog"], max_tokens=20, speculative="lookup")
+    assert both[0].token_ids == plain.token_ids
+    assert both[1].token_ids == target.generate("the dog", max_tokens=20).token_ids
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    chat = target.chat([{"role": "user", "content": PROMPT}], chat_template=template, max_tokens=20,
+                       speculative="lookup")
+    assert chat.token_ids == target.chat([{"role": "user", "content": PROMPT}], chat_template=template,
+                                         max_tokens=20).token_ids
+
+
+def test_a_model_loaded_with_a_speculative_setting_uses_it(checkpoint):
+    folder = checkpoint("llama")
+    llm = pyllm.load(folder, threads=2, speculative=f"draft:{folder}")
+    assert llm.speculative.name == f"draft:{folder}"
+    out = llm.generate(PROMPT, max_tokens=12)
+    assert out.usage["speculative"]["accepted"] == out.usage["speculative"]["proposed"] > 0
+    assert "speculative" not in llm.generate(PROMPT, max_tokens=12, speculative="off").usage
+    with pytest.raises(ValueError, match="self:N"):
+        llm.generate(PROMPT, speculative="self:99")
+    with pytest.raises(ValueError, match="speculative"):
+        llm.generate(PROMPT, speculative="guess")
+
+
+def test_a_draft_with_another_tokenizer_is_refused(checkpoint):
+    with pytest.raises(ValueError, match="tokenizer"):
+        pyllm.load(checkpoint("llama"), n_ctx=128, speculative=f"draft:{checkpoint('gpt2')}")
+
+
+def _gen(model, params):
+    return Generation(model, model.prompt_ids(PROMPT), params, 100, None, None)
+
+
+@pytest.mark.parametrize("point_mass", [True, False])
+def test_rejection_sampling_follows_the_target_s_distribution(tiny, point_mass):
+    """Drafts drawn from a q unlike p (or a fixed token), judged by the rule: the tokens taken follow
+    p, the target's distribution after temperature, top-k and the repetition penalty."""
+    target = tiny("llama")[0]
+    params = SamplingParams(temperature=0.8, top_k=12, repetition_penalty=1.3, seed=5)
+    gen = _gen(target, params)
+    spec = speculative.Speculator("test", None, gen, target.vocab_size)
+    rng = np.random.default_rng(0)
+    row = (rng.standard_normal(target.vocab_size) * 2).astype(np.float32)
+    draft_row = (row + rng.standard_normal(target.vocab_size) * 1.5).astype(np.float32)
+    ids, p = gen.sampler.distribution(row, gen.ids, gen.generated)
+    counts = dict.fromkeys(ids.tolist(), 0)
+    for _ in range(6000):
+        if point_mass:
+            draft, q = int(ids[np.argmax(p)]), None
+        else:
+            draft, q = spec._choose(draft_row, [])
+        token = spec._test(row, draft, q)
+        counts[token] += 1  # a KeyError here: a token p gives no mass
+    observed = np.array([counts[i] for i in ids.tolist()])
+    assert chisquare(observed, p * observed.sum()).pvalue > 1e-3
+
+
+def test_sampled_speculation_gives_the_same_tokens_on_any_thread_count(checkpoint, other_draft):
+    folder = checkpoint("llama")
+    runs = []
+    for threads in (1, 3):
+        llm = pyllm.load(folder, threads=threads)
+        draft = pyllm.load(other_draft.source, threads=threads)
+        runs.append([llm.generate(PROMPT, max_tokens=30, temperature=0.9, top_p=0.95, seed=s,
+                                  speculative=spec).token_ids for s in (1, 2) for spec in ("lookup", draft)])
+    assert runs[0] == runs[1]
+
+
+def test_the_cli_runs_with_speculation(checkpoint, capsys):
+    from pyllm.cli import main
+
+    folder = checkpoint("llama")
+    expected = pyllm.load(folder).generate(PROMPT, max_tokens=16).text
+    assert main(["run", folder, PROMPT, "--max-tokens", "16", "--speculative", "lookup"]) == 0
+    assert capsys.readouterr().out == expected + "\n"
+
+
+def test_the_real_q4_1_file_speculates_exactly(smollm2_gguf):
+    llm = pyllm.load(smollm2_gguf, threads=2)
+    code = "def area(width, height):\n    \"\"\"The area of a rectangle.\"\"\"\n    return width * height\n"
+    messages = [{"role": "user", "content": f"Rename width to w in this function:\n\n{code}"}]
+    plain = llm.chat(messages, max_tokens=48, logprobs=2)
+    for proposer in ["lookup", "self:20"]:
+        _same_run(plain, llm.chat(messages, max_tokens=48, logprobs=2, speculative=proposer))
+    assert llm.chat(messages, max_tokens=48, speculative="lookup").usage["speculative"]["accepted"] > 10
+
+
+def test_the_real_gemma3_file_speculates_exactly(gemma3_gguf):
+    """Five sliding-window layers of 512 positions in six."""
+    llm = pyllm.load(gemma3_gguf, threads=2)
+    text = "The river runs past the old mill. " * 4
+    plain = llm.generate(text, max_tokens=32, logprobs=2)
+    _same_run(plain, llm.generate(text, max_tokens=32, logprobs=2, speculative="lookup"))
+
+
+@pytest.mark.slow  # a server process: ~10 s
+def test_the_server_speculates_with_its_flag_and_reports_the_counts(tmp_path):
+    from server_helpers import ServerProcess, make_tiny_chat_checkpoint, request
+
+    folder = make_tiny_chat_checkpoint(str(tmp_path / "chat"))
+    expected = pyllm.load(folder).generate(PROMPT, max_tokens=24)
+    server = ServerProcess(folder, "--speculative", f"draft:{folder}", "--parallel", "1")  # takes every draft
+    try:
+        status, body = request(server.url, "POST", "/v1/completions",
+                               {"model": "chat", "prompt": PROMPT, "max_tokens": 24, "temperature": 0})
+    finally:
+        server.stop()
+    assert status == 200, body
+    assert body["choices"][0]["text"] == expected.text
+    details = body["usage"]["completion_tokens_details"]
+    assert details["accepted_prediction_tokens"] > 0 and details["rejected_prediction_tokens"] == 0

@@ -1,0 +1,478 @@
+"""Constrained output (pyllm.constraints, pyllm.tool_calls): JSON schemas, regexes, choices and
+grammars on generate/stream/chat, response_format and tool calls through `pyllm serve` with the
+official openai client."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, ConfigDict, Field
+
+import pyllm
+from conftest import make_tiny_checkpoint
+from families import llama_cpp_converter
+from pyllm.errors import PyllmError
+from server_helpers import CHAT_TEMPLATE, ServerProcess, request
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    folder = make_tiny_checkpoint(str(tmp_path_factory.mktemp("structured")), max_position_embeddings=2048)
+    path = os.path.join(folder, "tokenizer_config.json")
+    with open(path) as f:
+        config = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**config, "chat_template": CHAT_TEMPLATE}, f)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_folder):
+    return pyllm.load(tiny_folder, parallel=3)
+
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 8},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
+    "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_every_sampler_gives_matching_output(tiny):
+    """Greedy, temperature, top-k, top-p, min-p, typical-p and the penalties: the output matches."""
+    samplers = [{}, {"temperature": 1.5, "seed": 1}, {"temperature": 1.0, "top_k": 3, "seed": 2},
+                {"temperature": 0.9, "top_p": 0.5, "seed": 3}, {"temperature": 1.2, "min_p": 0.2, "seed": 4},
+                {"temperature": 1.0, "typical_p": 0.7, "seed": 5},
+                {"temperature": 1.0, "repetition_penalty": 1.3, "presence_penalty": 0.5,
+                 "frequency_penalty": 0.5, "logit_bias": {5: 3.0}, "seed": 6}]
+    for params in samplers:
+        c = tiny.generate("The wheel", json_schema=PERSON, max_tokens=300, **params)
+        assert c.finish_reason == "stop", (params, c.text)
+        jsonschema.validate(json.loads(c.text), PERSON)
+        assert re.fullmatch(r"[0-9]{3}-[a-z]{2,4}",
+                            tiny.generate("x", regex=r"[0-9]{3}-[a-z]{2,4}", max_tokens=20, **params).text)
+        assert tiny.generate("x", choices=["red", "green", "blue"], max_tokens=8, **params).text in (
+            "red", "green", "blue")
+
+
+def test_a_constrained_generation_does_not_speculate(tiny):
+    """The constraint's parser takes one token at a time, so speculative= leaves a constrained
+    generation (alone, in a list, streamed) exactly as it is without it, and its usage says no
+    proposer ran."""
+    plain = tiny.generate("The wheel", json_schema=PERSON, max_tokens=120)
+    for speculative in ("lookup", "self:1"):
+        got = tiny.generate("The wheel", json_schema=PERSON, max_tokens=120, speculative=speculative)
+        assert (got.text, got.finish_reason) == (plain.text, plain.finish_reason)
+        assert "speculative" not in got.usage
+        listed = tiny.generate(["The wheel", "The wheel"], json_schema=PERSON, max_tokens=120,
+                               speculative=speculative)
+        assert [c.text for c in listed] == [plain.text] * 2
+        assert "".join(tiny.stream("The wheel", json_schema=PERSON, max_tokens=120,
+                                   speculative=speculative)) == plain.text
+
+
+def test_grammars_lark_and_gbnf(tiny):
+    lark = 'start: "(" item ("," item)* ")"\nitem: /[0-9]/ | "x"\n'
+    text = tiny.generate("a", grammar=lark, max_tokens=40, temperature=1.0, seed=0).text
+    assert re.fullmatch(r"\((?:[0-9]|x)(?:,(?:[0-9]|x))*\)", text)
+    gbnf = 'root ::= "yes" | "no" | "maybe"'
+    assert tiny.generate("a", grammar=gbnf, temperature=1.0, seed=1).text in ("yes", "no", "maybe")
+
+
+def test_pydantic_class_list_stream_and_prefix_reuse(tiny):
+    class Point(BaseModel):
+        model_config = ConfigDict(extra="forbid")  # additionalProperties: false
+        x: int = Field(ge=-9, le=9)
+        y: int = Field(ge=-9, le=9)
+
+    prompts = ["The wheel is built once", "Its core picks", "A small model"]
+    alone = [tiny.generate(p, json_schema=Point, max_tokens=300, temperature=1.0, seed=i)
+             for i, p in enumerate(prompts)]
+    for c in alone:
+        assert c.finish_reason == "stop"
+        Point.model_validate_json(c.text)
+    # each prompt of a list has its own constraint and gives what it gives alone
+    together = tiny.generate(prompts, json_schema=Point, max_tokens=300, temperature=1.0, seed=0)
+    assert together[0].token_ids == alone[0].token_ids
+    for c in together:
+        Point.model_validate_json(c.text)
+    s = tiny.stream(prompts[0], json_schema=Point, max_tokens=300, temperature=1.0, seed=0)
+    assert "".join(s) == alone[0].text and s.finish_reason == "stop"
+    # a second run reuses the cached prompt and is constrained the same
+    before = tiny.tokens_processed
+    again = tiny.generate(prompts[0], json_schema=Point, max_tokens=300, temperature=1.0, seed=0)
+    assert again.token_ids == alone[0].token_ids
+    assert tiny.tokens_processed - before < len(tiny.tokenize(prompts[0])) + len(again.token_ids)
+
+
+def test_forced_tokens_run_without_decode_steps_of_their_own(tiny, monkeypatch):
+    """What the grammar forces after a sampled token runs in that token's forward call."""
+    calls = []
+    step = tiny.pool.step
+
+    def counted(cache, token, forced=()):
+        calls.append(1 + len(forced))
+        return step(cache, token, forced)
+
+    monkeypatch.setattr(tiny.pool, "step", counted)
+    literal = "the wheel is built once for each platform"
+    c = tiny.generate("x", grammar=f'start: "{literal}" /[0-9]/', temperature=1.0, seed=0)
+    assert re.fullmatch(re.escape(literal) + "[0-9]", c.text) and c.finish_reason == "stop"
+    assert sum(calls) == len(c.token_ids) - 1  # every token but the last ran, each once
+    assert len(calls) < len(c.token_ids) - 1
+
+
+def test_cut_output_is_never_complete(tiny):
+    """max_tokens cuts a JSON object: finish_reason "length", whatever a stop string or the text says."""
+    c = tiny.generate("x", json_schema=PERSON, max_tokens=3)
+    assert c.finish_reason == "length"
+    with pytest.raises(ValueError):
+        json.loads(c.text)
+    chat = tiny.chat([{"role": "user", "content": "hi"}], json_schema=PERSON, max_tokens=2)
+    assert chat.finish_reason == "length"
+
+
+def test_bad_constraints_are_refused(tiny):
+    with pytest.raises(ValueError, match="one of"):
+        tiny.generate("x", regex="a", choices=["a"])
+    with pytest.raises(ValueError, match="grammar"):
+        tiny.generate("x", grammar="start: (")
+    with pytest.raises(ValueError, match="choices"):
+        tiny.generate("x", choices=[])
+    with pytest.raises(ValueError, match="json_schema"):
+        tiny.generate("x", json_schema=[1])
+    with pytest.raises(ValueError, match="not JSON"):
+        tiny.generate("x", json_schema={"enum": {1, 2}})
+
+
+def test_without_the_extra_the_error_names_it(tiny, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "llguidance", None)  # import fails as if not installed
+    with pytest.raises(PyllmError, match=r'pyllm\[structured\]'):
+        tiny.generate("x", regex="a")
+
+
+# ---- the property test: random schemas, random sampling settings ------------------------------------
+
+
+def _schemas(depth: int = 0):
+    leaves = st.one_of(
+        st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
+                  st.integers(-50, 50), st.integers(0, 100)),
+        st.builds(lambda lo: {"type": "number", "minimum": lo, "maximum": lo + 10}, st.integers(-5, 5)),
+        st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(0, 6)),
+        st.builds(lambda vs: {"enum": vs}, st.lists(st.sampled_from(["a", "bb", 1, None, True]), min_size=1,
+                                                      max_size=4, unique=True)),
+        st.just({"type": "boolean"}),
+        st.just({"$ref": "#/$defs/color"}))
+    if depth >= 2:
+        return leaves
+    inner = _schemas(depth + 1)
+    return st.one_of(
+        leaves,
+        st.builds(lambda item, lo, extra: {"type": "array", "items": item, "minItems": lo, "maxItems": lo + extra},
+                  inner, st.integers(0, 2), st.integers(0, 2)),
+        _objects(inner))
+
+
+def _objects(values):
+    def build(props, required):
+        names = sorted(props)
+        return {"type": "object", "properties": props, "additionalProperties": False,
+                "required": [n for n, r in zip(names, required) if r]}
+    return st.builds(build, st.dictionaries(st.sampled_from(["id", "name", "x", "items", "ok"]), values,
+                                            min_size=1, max_size=3),
+                     st.lists(st.booleans(), min_size=5, max_size=5))
+
+
+SAMPLING = st.fixed_dictionaries({}, optional={
+    "temperature": st.sampled_from([0.0, 0.7, 1.0, 1.5]), "top_k": st.integers(0, 20),
+    "top_p": st.sampled_from([0.3, 0.9, 1.0]), "min_p": st.sampled_from([0.0, 0.1]),
+    "repetition_penalty": st.sampled_from([1.0, 1.2]), "seed": st.integers(0, 2**16)})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(schema=_objects(_schemas()), params=SAMPLING)
+def test_property_completed_outputs_validate(tiny, schema, params):
+    schema = {**schema, "$defs": {"color": {"enum": ["red", "green"]}}}
+    c = tiny.generate("The wheel", json_schema=schema, max_tokens=300, **params)
+    if c.finish_reason == "stop":
+        jsonschema.validate(json.loads(c.text), schema)
+    else:  # only max_tokens ends a constrained output short of a match
+        assert len(c.token_ids) == 300
+
+
+# ---- the server ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tiny_folder):
+    s = ServerProcess(tiny_folder, "--parallel", "4")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def smol_server(smollm2_gguf):
+    s = ServerProcess("smollm2", "--parallel", "4", "--n-ctx", "1024")
+    yield s
+    s.stop()
+
+
+class Trip(BaseModel):
+    city: str = Field(max_length=20)
+    days: int = Field(ge=1, le=30)
+    by_train: bool
+
+
+def test_openai_parse_and_json_object(smol_server):
+    """The default model (SmolLM2-135M-Instruct) answers 20 structured requests, each parsed."""
+    client = smol_server.client()
+
+    def ask(i: int):
+        return client.beta.chat.completions.parse(
+            model="smollm2", messages=[{"role": "user", "content": f"Plan trip number {i} in Europe as JSON."}],
+            response_format=Trip, max_tokens=100, temperature=0.8, seed=i)
+
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(ask, range(20)))
+    for r in replies:
+        assert isinstance(r.choices[0].message.parsed, Trip), r.choices[0].message.content
+    r = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "A person as JSON: name and age."}],
+        response_format={"type": "json_object"}, max_tokens=100, temperature=0)
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
+    r = client.completions.create(model="smollm2", prompt="A person as JSON:", max_tokens=100, temperature=0,
+                                  extra_body={"response_format": {"type": "json_object"}})
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].text), dict)
+
+
+def test_server_refuses_tools_without_template_support_and_bad_schemas(server):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    status, body = request(server.url, "POST", "/v1/chat/completions", {
+        "model": server.client().models.list().data[0].id, "messages": [{"role": "user", "content": "hi"}],
+        "tools": tools})
+    assert status == 400 and "no tool support" in body["error"]["message"], body
+    status, body = request(server.url, "POST", "/v1/chat/completions", {
+        "model": server.client().models.list().data[0].id, "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}})
+    assert status == 400 and body["error"]["param"] == "response_format", body
+
+
+# ---- tool calls on a tiny Qwen2.5 with its real template ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen_server(checkpoint, tmp_path_factory):
+    template_dir = os.path.join(os.path.dirname(llama_cpp_converter()), "models", "templates")
+    with open(os.path.join(template_dir, "Qwen-Qwen2.5-7B-Instruct.jinja")) as f:
+        template = f.read()
+    folder = str(tmp_path_factory.mktemp("qwen-tools") / "model")
+    shutil.copytree(checkpoint("qwen2", max_position_embeddings=2048), folder)
+    path = os.path.join(folder, "tokenizer_config.json")
+    with open(path) as f:
+        config = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**config, "chat_template": template}, f)
+    s = ServerProcess(folder, "--parallel", "2")
+    yield s
+    s.stop()
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]},
+                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                   "required": ["city", "days"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                                       "required": ["zone"], "additionalProperties": False}}}
+
+
+def _check_call(call) -> None:
+    params = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]["function"]["parameters"]
+    jsonschema.validate(json.loads(call.function.arguments), params)
+    assert call.id and call.type == "function"
+
+
+def test_tool_call_round_trip(qwen_server):
+    client = qwen_server.client()
+    name = client.models.list().data[0].id
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.chat.completions.create(model=name, messages=messages, tools=[WEATHER, TIME],
+                                       tool_choice="required", max_tokens=120, temperature=1.0, seed=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        _check_call(call)
+    named = client.chat.completions.create(
+        model=name, messages=messages, tools=[WEATHER, TIME], parallel_tool_calls=False, max_tokens=120,
+        tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=1.0, seed=1)
+    calls = named.choices[0].message.tool_calls
+    assert len(calls) == 1 and calls[0].function.name == "get_time"
+    _check_call(calls[0])
+    # the calls and a tool's answer go back through the template; "none" answers in text
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": choice.message.tool_calls[0].id, "content": '{"sunny": true}'}]
+    final = client.chat.completions.create(model=name, messages=messages, tools=[WEATHER, TIME],
+                                           tool_choice="none", max_tokens=8, seed=0)
+    assert final.choices[0].message.tool_calls is None and final.choices[0].message.content
+    as_json = client.chat.completions.create(
+        model=name, messages=messages, tools=[WEATHER, TIME], tool_choice="none", max_tokens=200, seed=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": TIME["function"]["parameters"]}})
+    assert json.loads(as_json.choices[0].message.content)["zone"] in ("UTC", "CET")
+    auto = client.chat.completions.create(model=name, messages=messages, tools=[WEATHER, TIME], max_tokens=60,
+                                          temperature=1.0, seed=5)
+    message = auto.choices[0].message
+    assert message.tool_calls or not message.content.startswith("<tool")
+    for call in message.tool_calls or []:
+        _check_call(call)
+
+
+def test_tool_calls_streamed(qwen_server):
+    client = qwen_server.client()
+    name = client.models.list().data[0].id
+    plain = client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "Weather and time?"}], tools=[WEATHER, TIME],
+        tool_choice="required", max_tokens=150, temperature=1.0, seed=7)
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "Weather and time?"}], tools=[WEATHER, TIME],
+            tool_choice="required", max_tokens=150, temperature=1.0, seed=7, stream=True):
+        delta = chunk.choices[0].delta
+        for part in delta.tool_calls or []:
+            call = calls.setdefault(part.index, {"id": None, "name": "", "arguments": ""})
+            call["id"] = part.id or call["id"]
+            if part.function and part.function.name:
+                call["name"] += part.function.name
+            if part.function and part.function.arguments:
+                call["arguments"] += part.function.arguments
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    expected = plain.choices[0].message.tool_calls
+    # tool_choice "auto": a reply that turns out to be free text streams as it comes
+    messages = [{"role": "user", "content": "Say hello."}]
+    whole = client.chat.completions.create(model=name, messages=messages, tools=[WEATHER], max_tokens=30,
+                                           temperature=1.0, seed=2)
+    pieces = [c.choices[0].delta.content for c in client.chat.completions.create(
+        model=name, messages=messages, tools=[WEATHER], max_tokens=30, temperature=1.0, seed=2, stream=True)
+        if c.choices and c.choices[0].delta.content]
+    assert whole.choices[0].message.tool_calls is None  # this seed answers in text
+    assert "".join(pieces) == whole.choices[0].message.content and len(pieces) > 1
+    assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in expected]
+
+
+def test_cli_run_with_a_schema_or_a_grammar(tiny_folder, tmp_path):
+    import subprocess
+    import sys
+
+    schema = tmp_path / "point.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"x": {"type": "integer", "minimum": 0,
+                                                                        "maximum": 9}},
+                                  "required": ["x"], "additionalProperties": False}))
+    grammar = tmp_path / "answer.gbnf"
+    grammar.write_text('root ::= "yes" | "no"\n')
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "pyllm", "run", tiny_folder, "The wheel", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    out = run("--json-schema", str(schema), "--max-tokens", "200")
+    assert out.returncode == 0, out.stderr
+    assert 0 <= json.loads(out.stdout)["x"] <= 9
+    out = run("--grammar", str(grammar), "--temperature", "1", "--seed", "3")
+    assert out.returncode == 0 and out.stdout.strip() in ("yes", "no"), out.stderr
+    out = run("--grammar", str(tmp_path / "missing.gbnf"))
+    assert out.returncode == 1 and "--grammar" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_llama3_template_calls_are_constrained_and_parsed(tiny):
+    """Llama 3.x's template asks for one {"name", "parameters"} object: the grammar writes it, the
+    parser reads it back; the calls go back into the template as the next turn."""
+    from pyllm import tool_calls
+
+    template_dir = os.path.join(os.path.dirname(llama_cpp_converter()), "models", "templates")
+    with open(os.path.join(template_dir, "meta-llama-Llama-3.2-3B-Instruct.jinja")) as f:
+        template = f.read()
+    fmt = tool_calls.template_format(template)
+    assert fmt is tool_calls.LLAMA3
+    messages = [{"role": "user", "content": "Weather?"}]
+    prompt = tiny.render_chat(messages, chat_template=template, tools=[WEATHER, TIME])
+    assert "get_weather" in prompt
+    grammar = tool_calls.calls_grammar([WEATHER, TIME], fmt, "required", True)
+    for seed in range(3):
+        c = tiny.generate(prompt, grammar=grammar, max_tokens=200, temperature=1.0, seed=seed)
+        assert c.finish_reason == "stop", c.text
+        content, calls = tool_calls.parse_calls(c.text, fmt)
+        assert content is None and len(calls) == 1
+        params = {"get_weather": WEATHER, "get_time": TIME}[calls[0]["function"]["name"]]["function"]["parameters"]
+        jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), params)
+    turn = tool_calls.template_message({"role": "assistant", "content": None, "tool_calls": calls})
+    after = tiny.render_chat(messages + [turn, {"role": "tool", "tool_call_id": calls[0]["id"], "content": "sunny"}],
+                             chat_template=template, tools=[WEATHER, TIME])
+    assert f'"name": "{calls[0]["function"]["name"]}"' in after and "sunny" in after
+
+
+def test_mistral_template_calls_start_with_its_control_token(tmp_path):
+    """Mistral's [TOOL_CALLS] is a control token: the grammar emits that token (not its spelling),
+    the calls are a JSON list after it, their ids 9 letters and digits as the template demands."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from conftest import english_text
+    from pyllm import tool_calls
+
+    folder = make_tiny_checkpoint(str(tmp_path / "mistral"), max_position_embeddings=2048)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]
+    tok.train_from_iterator([english_text()[:20000]], trainers.BpeTrainer(
+        vocab_size=320, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    template_dir = os.path.join(os.path.dirname(llama_cpp_converter()), "models", "templates")
+    with open(os.path.join(template_dir, "mistralai-Mistral-Nemo-Instruct-2407.jinja")) as f:
+        template = f.read()
+    llm = pyllm.load(folder)
+    fmt = tool_calls.template_format(template, llm.tokenizer)
+    messages = [{"role": "user", "content": "Weather and time?"}]
+    prompt = llm.tokenize(llm.render_chat(messages, chat_template=template, tools=[WEATHER, TIME]),
+                          add_special=False)
+    grammar = tool_calls.calls_grammar([WEATHER, TIME], fmt, "required", True)
+    c = llm.generate(prompt, grammar=grammar, max_tokens=300, temperature=1.0, seed=0)
+    assert c.finish_reason == "stop" and c.token_ids[0] == tok.token_to_id("[TOOL_CALLS]"), c.text
+    content, calls = tool_calls.parse_calls(c.text, fmt)
+    assert content is None and calls
+    for call in calls:
+        assert re.fullmatch(r"[0-9a-z]{9}", call["id"])
+        params = {"get_weather": WEATHER, "get_time": TIME}[call["function"]["name"]]["function"]["parameters"]
+        jsonschema.validate(json.loads(call["function"]["arguments"]), params)
+    turn = tool_calls.template_message({"role": "assistant", "content": None, "tool_calls": calls})
+    after = llm.render_chat(messages + [turn, {"role": "tool", "tool_call_id": calls[0]["id"], "content": "1"}],
+                            chat_template=template, tools=[WEATHER, TIME])
+    assert f'"id": "{calls[0]["id"]}"' in after and f'"call_id": "{calls[0]["id"]}"' in after
+
+
+def test_tool_formats_are_recognised_and_refused(tiny_folder):
+    from pyllm import tool_calls
+
+    assert tool_calls.template_format("{% if tools %}<tool_call>{% endif %}") is tool_calls.QWEN
+    with pytest.raises(tool_calls.ToolsUnsupported, match="TOOL_CALLS"):  # a vocabulary without the token
+        tool_calls.template_format("{% if tools %}[TOOL_CALLS]{% endif %}", pyllm.load(tiny_folder).tokenizer)
+    with pytest.raises(tool_calls.ToolsUnsupported, match="no tool support"):
+        tool_calls.template_format(CHAT_TEMPLATE)
+    text = 'Sure.<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    content, calls = tool_calls.parse_calls(text, tool_calls.QWEN)
+    assert content == "Sure." and calls[0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
+    assert tool_calls.parse_calls('<tool_call>\n{"name": "f", "argu', tool_calls.QWEN) == (
+        '<tool_call>\n{"name": "f", "argu', [])
