@@ -383,13 +383,24 @@ def pip_server(pip_links, monkeypatch):
         yield SimpleNamespace(links=pip_links, server=server)
 
 
-def _bundled_pip_wheel() -> str | None:
-    """The pip wheel Python ships for ensurepip (what `python -m venv` installs), where it has one."""
+OLD_PIP = "23.2.1"  # what python -m venv installs with Python 3.11: no progress counts (before 24.1)
+
+
+def _old_pip_wheel() -> str:
+    """The pip wheel Python ships for ensurepip (what `python -m venv` installs) where it has one;
+    else pip OLD_PIP's wheel, fetched once into the tests' cache."""
     import ensurepip
     import glob
 
     found = glob.glob(os.path.join(os.path.dirname(ensurepip.__file__), "_bundled", "pip-*.whl"))
-    return found[0] if found else None
+    if found:
+        return found[0]
+    folder = os.path.join(hub.cache_dir(), "pip-wheels")
+    wheel = os.path.join(folder, f"pip-{OLD_PIP}-py3-none-any.whl")
+    if not os.path.exists(wheel):
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
+                        "-d", folder, f"pip=={OLD_PIP}"], check=True)
+    return wheel
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -405,13 +416,10 @@ def pip_under_test(request):
 
     if request.param == "this environment's pip":
         return SimpleNamespace(env=dict(os.environ), version=_version(importlib.metadata.version("pip")))
-    wheel_path = _bundled_pip_wheel()
-    if wheel_path is None:
-        pytest.skip("this Python has no bundled pip wheel (a distribution removed ensurepip's)")
-    import ensurepip
-
+    wheel_path = _old_pip_wheel()
     path = os.pathsep.join([wheel_path, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])
-    return SimpleNamespace(env={**os.environ, "PYTHONPATH": path}, version=_version(ensurepip.version()))
+    version = re.match(r"pip-([\d.]+)-", os.path.basename(wheel_path)).group(1)
+    return SimpleNamespace(env={**os.environ, "PYTHONPATH": path}, version=_version(version))
 
 
 def drawn_bar(pip_version: tuple[int, int]) -> str:
