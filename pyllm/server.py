@@ -53,7 +53,7 @@ from .generation import StopMatcher
 from .sampling import SamplingParams, SamplingParamsError
 from .scheduler import Embedded, Failed, Finished, Piece, Scheduler
 from .server_api import ChatRequest, CompletionRequest, EmbeddingRequest, Sampling
-from .tool_calls import ToolFormat, calls_grammar, parse_calls, template_format, template_message
+from .tool_calls import CallStream, ToolFormat, calls_grammar, parse_calls, template_format, template_message
 
 DISCONNECT_POLL_S = 0.5  # how often a request waiting for a whole answer checks that its client is there
 MAX_BODY_BYTES = 8 * 2**20  # a request body larger than this is refused (413) before it is read
@@ -845,12 +845,13 @@ async def _stream(server: Server, jobs: list[Job], events: asyncio.Queue, rid: s
     """Server-sent events of one request: chunks as text arrives, a last chunk per choice with its
     finish_reason, the usage chunk if asked for, then [DONE]. Closing the stream cancels the jobs.
     A reply that may call tools is held while it may still be calls: once it is free text it
-    streams as any other; calls go at the end as delta.tool_calls chunks (each call's id and name,
-    then its arguments)."""
+    streams as any other; once it is calls, as delta.tool_calls chunks (each call's id and name,
+    then its arguments piece by piece)."""
     chat = kind == "chat.completion"
     obj = "chat.completion.chunk" if chat else "text_completion"
     pending = {job: [] for job in jobs}  # logprob entries not yet sent
     held = {job: "" for job in jobs} if output.calls is not None else {}  # replies that may be calls
+    calls: dict[Job, CallStream] = {}  # replies that are calls
     offsets = {job: len(job.prompt_text or "") for job in jobs}
 
     def chunk(job: Job, text: str | None, finish: str | None, entries: list[dict] | None) -> dict:
@@ -887,6 +888,10 @@ async def _stream(server: Server, jobs: list[Job], events: asyncio.Queue, rid: s
                 text = event.text
                 if job in held:
                     held[job] += text
+                    if held[job].startswith(output.calls.marker):
+                        parts = calls.setdefault(job, CallStream(output.calls)).deltas(held[job])
+                        for part in parts:
+                            yield {"data": _json(_delta_chunk(chunk(job, "", None, None), {"tool_calls": [part]}))}
                     if output.calls.may_call(held[job]):
                         continue
                     text = held.pop(job)  # free text: sent from here on as it comes
@@ -897,12 +902,10 @@ async def _stream(server: Server, jobs: list[Job], events: asyncio.Queue, rid: s
                 done[job] = event.completion
                 entries, pending[job] = pending[job], []
                 finish_reason = event.completion.finish_reason
-                if job in held:
+                if job in held:  # calls sent as they came, or text held back until its end
                     message, finish_reason = output.message(event.completion)
-                    for delta in _held_deltas(message):
-                        out = chunk(job, "", None, None)
-                        out["choices"][0]["delta"] = delta
-                        yield {"data": _json(out)}
+                    if job not in calls and message["content"]:
+                        yield {"data": _json(_delta_chunk(chunk(job, "", None, None), {"content": message["content"]}))}
                 yield {"data": _json(chunk(job, None if chat else "", finish_reason,
                                            entries if want_logprobs else None))}
             elif isinstance(event, Failed):
@@ -927,15 +930,10 @@ async def _stream(server: Server, jobs: list[Job], events: asyncio.Queue, rid: s
             server.cancel(jobs)
 
 
-def _held_deltas(message: dict) -> list[dict]:
-    """The deltas of a reply held back until its end: its text, then each tool call as OpenAI
-    streams one (index, id, type and name with empty arguments, then the arguments)."""
-    deltas = [{"content": message["content"]}] if message["content"] else []
-    for i, call in enumerate(message.get("tool_calls", [])):
-        deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                       "function": {"name": call["function"]["name"], "arguments": ""}}]})
-        deltas.append({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]})
-    return deltas
+def _delta_chunk(out: dict, delta: dict) -> dict:
+    """A chat chunk whose delta is delta."""
+    out["choices"][0]["delta"] = delta
+    return out
 
 
 def serve(model, source: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,

@@ -73,6 +73,17 @@ def _parameters(tool: dict) -> dict:
     return tool["function"].get("parameters") or {"type": "object", "properties": {}}
 
 
+def _rooted(schema, at: str):
+    """schema with its local references ("#/$defs/X", "#") pointing below `at` instead of the root:
+    a function's parameters sit inside the call's schema, where their own "#" is not the root."""
+    if isinstance(schema, dict):
+        return {k: at + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rooted(v, at)
+                for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_rooted(v, at) for v in schema]
+    return schema
+
+
 def calls_grammar(tools: list[dict], fmt: ToolFormat, choice, parallel: bool) -> str | None:
     """llguidance's grammar for the reply: tool calls only (choice "required" or a named function),
     free text or tool calls ("auto"), or no constraint (None, for "none")."""
@@ -80,9 +91,12 @@ def calls_grammar(tools: list[dict], fmt: ToolFormat, choice, parallel: bool) ->
         return None
     if isinstance(choice, dict):
         tools = [t for t in tools if t["function"]["name"] == choice["function"]["name"]]
-    call = {"oneOf": [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
-                                                        fmt.arguments: _parameters(t)},
-                       "required": ["name", fmt.arguments], "additionalProperties": False} for t in tools],
+    # each function's parameters under $defs, their $refs (to their own $defs) rewritten to match
+    call = {"$defs": {f"f{i}": _rooted(_parameters(t), f"#/$defs/f{i}") for i, t in enumerate(tools)},
+            "oneOf": [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                        fmt.arguments: {"$ref": f"#/$defs/f{i}"}},
+                       "required": ["name", fmt.arguments], "additionalProperties": False}
+                      for i, t in enumerate(tools)],
             # spaced as the templates write calls back (`tojson`), as the model was taught them
             "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}}
     several = parallel and fmt.parallel
@@ -123,6 +137,57 @@ def parse_calls(text: str, fmt: ToolFormat) -> tuple[str | None, list[dict]]:
               "function": {"name": c["name"], "arguments": json.dumps(c.get(fmt.arguments, {}), ensure_ascii=False)}}
              for c in found]
     return (content, calls) if calls else (text, [])
+
+
+def _object_end(text: str, start: int) -> int:
+    """Where the JSON object (or array) that begins at text[start] ends, or len(text) while it is
+    still open."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return len(text)
+
+
+class CallStream:
+    """A reply that is tool calls, streamed as OpenAI streams them: deltas(text) takes the reply so
+    far and gives the delta.tool_calls entries it adds: a call's index, id, type and name (arguments
+    "") once its name is written, then its arguments piece by piece as the model writes them. The
+    grammar writes each call as {"name": "...", "<arguments>": {...}}, in that order and spacing."""
+
+    def __init__(self, fmt: ToolFormat):
+        self.fmt = fmt
+        self.start = re.compile(r'\{"name": ("(?:[^"\\]|\\.)*"), ' + re.escape(json.dumps(fmt.arguments)) + ": ")
+        self.sent: list[int] = []  # each call's characters of arguments sent
+
+    def deltas(self, text: str) -> list[dict]:
+        out, pos, index = [], 0, 0
+        while (found := self.start.search(text, pos)) is not None:
+            pos = _object_end(text, found.end())
+            arguments = text[found.end():pos]
+            if index == len(self.sent):
+                self.sent.append(0)
+                out.append({"index": index, "id": self.fmt.call_id(), "type": "function",
+                            "function": {"name": json.loads(found.group(1)), "arguments": ""}})
+            if len(arguments) > self.sent[index]:
+                out.append({"index": index, "function": {"arguments": arguments[self.sent[index]:]}})
+                self.sent[index] = len(arguments)
+            index += 1
+        return out
 
 
 def template_message(message: dict) -> dict:

@@ -336,27 +336,34 @@ def test_tool_call_round_trip(qwen_server):
         _check_call(call)
 
 
+def _streamed_calls(stream) -> tuple[list[dict], int, str | None]:
+    """The calls a chat stream's delta.tool_calls chunks make up (each opened by a chunk with its
+    id, type and name), how many pieces of arguments came, and the finish_reason."""
+    calls: dict[int, dict] = {}
+    pieces, finish = 0, None
+    for chunk in stream:
+        for part in chunk.choices[0].delta.tool_calls or []:
+            if part.index not in calls:
+                assert part.id and part.type == "function" and part.function.name and part.function.arguments == ""
+                calls[part.index] = {"id": part.id, "name": part.function.name, "arguments": ""}
+            elif part.function.arguments:
+                calls[part.index]["arguments"] += part.function.arguments
+                pieces += 1
+        finish = chunk.choices[0].finish_reason or finish
+    return [c for _, c in sorted(calls.items())], pieces, finish
+
+
 def test_tool_calls_streamed(qwen_server):
     client = qwen_server.client()
     name = client.models.list().data[0].id
     plain = client.chat.completions.create(
         model=name, messages=[{"role": "user", "content": "Weather and time?"}], tools=[WEATHER, TIME],
         tool_choice="required", max_tokens=150, temperature=1.0, seed=7)
-    calls: dict[int, dict] = {}
-    finish = None
-    for chunk in client.chat.completions.create(
-            model=name, messages=[{"role": "user", "content": "Weather and time?"}], tools=[WEATHER, TIME],
-            tool_choice="required", max_tokens=150, temperature=1.0, seed=7, stream=True):
-        delta = chunk.choices[0].delta
-        for part in delta.tool_calls or []:
-            call = calls.setdefault(part.index, {"id": None, "name": "", "arguments": ""})
-            call["id"] = part.id or call["id"]
-            if part.function and part.function.name:
-                call["name"] += part.function.name
-            if part.function and part.function.arguments:
-                call["arguments"] += part.function.arguments
-        finish = chunk.choices[0].finish_reason or finish
+    calls, pieces, finish = _streamed_calls(client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "Weather and time?"}], tools=[WEATHER, TIME],
+        tool_choice="required", max_tokens=150, temperature=1.0, seed=7, stream=True))
     assert finish == "tool_calls"
+    assert pieces > len(calls)  # arguments come as the model writes them, not in one piece per call
     expected = plain.choices[0].message.tool_calls
     # tool_choice "auto": a reply that turns out to be free text streams as it comes
     messages = [{"role": "user", "content": "Say hello."}]
@@ -367,8 +374,38 @@ def test_tool_calls_streamed(qwen_server):
         if c.choices and c.choices[0].delta.content]
     assert whole.choices[0].message.tool_calls is None  # this seed answers in text
     assert "".join(pieces) == whole.choices[0].message.content and len(pieces) > 1
-    assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == [
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
         (c.function.name, json.loads(c.function.arguments)) for c in expected]
+
+
+ORDER = {"type": "function", "function": {"name": "order", "parameters": {
+    "type": "object", "$defs": {"Item": {"type": "object", "properties": {
+        "sku": {"enum": ["apple", "pear"]}, "count": {"type": "integer", "minimum": 1, "maximum": 9},
+        "note": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/Note"}]}},
+        "required": ["sku", "count", "note"], "additionalProperties": False},
+        "Note": {"type": "string", "maxLength": 12}},
+    "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}, "minItems": 1, "maxItems": 3}},
+    "required": ["items"], "additionalProperties": False}}}
+
+
+def test_tool_parameters_with_refs_give_valid_calls(qwen_server):
+    """A function's parameters that refer to their own $defs: the calls, whole and streamed, validate
+    against those parameters (jsonschema resolving the references)."""
+    client = qwen_server.client()
+    name = client.models.list().data[0].id
+    params = ORDER["function"]["parameters"]
+    ask = dict(model=name, messages=[{"role": "user", "content": "Order fruit."}], tools=[ORDER, TIME],
+               tool_choice={"type": "function", "function": {"name": "order"}}, max_tokens=200, temperature=1.0)
+    for seed in range(2):
+        r = client.chat.completions.create(**ask, seed=seed)
+        assert r.choices[0].finish_reason == "tool_calls", r.choices[0].message
+        for call in r.choices[0].message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), params)
+        calls, _, finish = _streamed_calls(client.chat.completions.create(**ask, seed=seed, stream=True))
+        assert finish == "tool_calls" and calls
+        for call in calls:
+            assert call["name"] == "order"
+            jsonschema.validate(json.loads(call["arguments"]), params)
 
 
 def test_cli_run_with_a_schema_or_a_grammar(tiny_folder, tmp_path):
