@@ -87,7 +87,7 @@ def main() -> None:
         mask_ms = statistics.median(masks) * 1e3
         p90 = sorted(masks)[int(0.9 * (len(masks) - 1))] * 1e3
         step_ms = statistics.median(steps) * 1e3
-        print(f"| llguidance {version("llguidance")} | {name} | {llm.vocab_size:,} | "
+        print(f"| llguidance {version('llguidance')} | {name} | {llm.vocab_size:,} | "
               f"{mask_ms:.3f} | {1e3 * statistics.mean(masks):.3f} | {p90:.3f} | {step_ms:.1f} | "
               f"{100 * mask_ms / step_ms:.1f}% |", flush=True)
 
