@@ -337,18 +337,21 @@ class Model:
                            eos_token=self.tokenizer.eos_token, add_generation_prompt=True, tools=tools)
 
     def chat_ids(self, messages: list[dict], chat_template: str | None = None, *, tools: list[dict] | None = None,
-                 special_in_content: bool = False) -> list[int]:
+                 special_in_content: bool = False, prepare=None) -> list[int]:
         """The token ids of the prompt the chat template makes of messages. What the messages hold
         is text: "<|im_end|>" inside a message is the tokens of those characters, never the special
         token, so a message cannot close its turn and open another (special tokens are where the
         template writes them); special_in_content=True reads them as special tokens too. tools: OpenAI's
-        function definitions, for templates that render them."""
+        function definitions, for templates that render them. prepare: a function of the messages once
+        shielded, whose own special tokens stay special (the server's tool_calls.call_messages)."""
         tok = self.tokenizer
+        prepare = prepare or (lambda m: m)
         if special_in_content:
-            prompt = check_text(self.render_chat(messages, chat_template, tools), "messages (the rendered prompt)")
+            prompt = check_text(self.render_chat(prepare(messages), chat_template, tools),
+                                "messages (the rendered prompt)")
             return tok.encode(prompt, add_special=False)
         try:
-            prompt = self.render_chat(tok.shield(messages), chat_template, tools)
+            prompt = self.render_chat(prepare(tok.shield(messages)), chat_template, tools)
         except ChatTemplateError as e:
             raise ChatTemplateError(tok.unshield(str(e))) from None
         return tok.encode_chat(check_text(prompt, "messages (the rendered prompt)"))

@@ -53,7 +53,8 @@ from .generation import StopMatcher
 from .sampling import SamplingParams, SamplingParamsError
 from .scheduler import Embedded, Failed, Finished, Piece, Scheduler
 from .server_api import ChatRequest, CompletionRequest, EmbeddingRequest, Sampling
-from .tool_calls import CallStream, ToolFormat, calls_grammar, parse_calls, template_format, template_message
+from .tool_calls import (CallStream, ToolFormat, call_messages, calls_grammar, parse_calls, template_format,
+                         template_message)
 
 DISCONNECT_POLL_S = 0.5  # how often a request waiting for a whole answer checks that its client is there
 MAX_BODY_BYTES = 8 * 2**20  # a request body larger than this is refused (413) before it is read
@@ -733,7 +734,9 @@ def _chat_prompt(server: Server, req: ChatRequest) -> tuple[list[int], "Output"]
     messages = [template_message(m.as_dict()) for m in req.messages]
     server.check_length(sum(len(m.get("content") or "") for m in messages), "messages")
     try:  # the messages' contents are text, as in Model.chat: no forged turns
-        ids = server.model.chat_ids(messages, template, tools=output.tools)
+        tools = server.model.tokenizer.shield(output.tools)
+        ids = server.model.chat_ids(messages, template, tools=output.tools,
+                                    prepare=lambda shielded: call_messages(shielded, output.template_format, tools))
     except (ChatTemplateError, ChatMessageError, ValueError) as e:  # ValueError: a lone surrogate, TokenizerError
         raise APIError(400, str(e), "messages", "invalid_value") from None
     server.check_fits(ids, "messages")
@@ -750,12 +753,15 @@ def _embedding_inputs(server: Server, given: list) -> list[list[int]]:
 
 class Output:
     """What a request constrains its reply to (llguidance's grammar, or None) and, when it gives
-    tools, the template's call format to parse the reply's calls back out of."""
+    tools, the template's call format: to parse the reply's calls back out of (calls: None when
+    tool_choice is "none") and to write the tools and earlier calls into the messages."""
 
-    def __init__(self, grammar: str | None, tools: list[dict] | None = None, calls: ToolFormat | None = None):
+    def __init__(self, grammar: str | None, tools: list[dict] | None = None, calls: ToolFormat | None = None,
+                 template_format: ToolFormat | None = None):
         self.grammar = grammar
         self.tools = tools
         self.calls = calls
+        self.template_format = template_format or calls
 
     def message(self, completion) -> tuple[dict, str]:
         """The chat reply's message and finish_reason: parsed tool calls end it with "tool_calls"."""
@@ -791,7 +797,7 @@ def _chat_output(model, template: str, req: ChatRequest) -> Output:
     except (ValueError, PyllmError) as e:
         raise APIError(400, str(e), "tools", "invalid_value") from None
     if choice == "none":
-        return Output(_format_grammar(req.response_format), tools)
+        return Output(_format_grammar(req.response_format), tools, template_format=fmt)
     return Output(grammar, tools, fmt)
 
 

@@ -6,6 +6,9 @@ calls parsed back out of the text.
     Llama 3.1 / 3.2 / 3.3           {"name": ..., "parameters": {...}}, one call
     Mistral (Nemo, Small)           [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...], [TOOL_CALLS] the
                                     control token; call ids of 9 letters and digits, as its template demands
+    Phi-4-mini                      <|tool_call|>[{"name": ..., "arguments": {...}}, ...]<|/tool_call|>, both
+                                    control tokens; its template reads the tools from the system message
+                                    and an assistant turn from its content alone (call_messages)
 
 A template that mentions no tools is refused (ToolsUnsupported) rather than given a prompt the model
 was not taught.
@@ -35,7 +38,7 @@ class ToolFormat:
     parallel: bool      # the template renders several calls in one turn
     marker: str         # the text that begins the calls: free text ("auto") never holds it
     opening: str = ""   # llguidance Lark before the calls (a special token: <[id]>)
-    closing: str = ""   # text after them
+    closing: str = ""   # and after them
     id_chars: int = 0   # call ids of exactly this many letters and digits (0: OpenAI's call_...)
 
     def may_call(self, text: str) -> bool:
@@ -49,23 +52,33 @@ class ToolFormat:
 QWEN = ToolFormat("qwen", "<tool_call>\n", "\n</tool_call>", "\n", "arguments", True, "<tool_call>")
 LLAMA3 = ToolFormat("llama3", "", "", "", "parameters", False, "{")  # only a reply that starts with it
 MISTRAL_CALLS = "[TOOL_CALLS]"
+PHI_CALLS, PHI_END = "<|tool_call|>", "<|/tool_call|>"
+PHI_SYSTEM = "You are a helpful assistant with some tools."  # Phi-4-mini's model card, when none is given
+
+
+def _control_token(tokenizer, text: str) -> int:
+    token = tokenizer.hf.token_to_id(text) if tokenizer is not None else None
+    if token is None:
+        raise ToolsUnsupported(f"this model's chat template calls tools with {text}, "
+                               f"which its vocabulary has no token for")
+    return token
 
 
 def template_format(template: str | None, tokenizer=None) -> ToolFormat:
     """The call format a chat template asks for; ToolsUnsupported when it has none pyllm parses.
-    Mistral's needs the tokenizer, for its [TOOL_CALLS] token."""
+    Mistral's and Phi's need the tokenizer, for their control tokens."""
     template = template or ""
     if "<tool_call>" in template and "tools" in template:
         return QWEN
     if '"parameters": ' in template and "ipython" in template:
         return LLAMA3
     if MISTRAL_CALLS in template:
-        token = tokenizer.hf.token_to_id(MISTRAL_CALLS) if tokenizer is not None else None
-        if token is None:
-            raise ToolsUnsupported(f"this model's chat template calls tools with {MISTRAL_CALLS}, "
-                                   f"which its vocabulary has no token for")
         return ToolFormat("mistral", "", "", ", ", "arguments", True, MISTRAL_CALLS,
-                          f'<[{token}]> "["', "]", 9)
+                          f'<[{_control_token(tokenizer, MISTRAL_CALLS)}]> "["', '"]"', 9)
+    if "<|tool|>" in template and "tools" in template:  # Phi-4-mini: tools between <|tool|> and <|/tool|>
+        return ToolFormat("phi", "", "", ", ", "arguments", True, PHI_CALLS,
+                          f'<[{_control_token(tokenizer, PHI_CALLS)}]> "["',
+                          f'"]" <[{_control_token(tokenizer, PHI_END)}]>')
     raise ToolsUnsupported("this model's chat template has no tool support: it cannot be given tools")
 
 
@@ -103,7 +116,7 @@ def calls_grammar(tools: list[dict], fmt: ToolFormat, choice, parallel: bool) ->
     call_rule = f"{json.dumps(fmt.prefix)} body {json.dumps(fmt.suffix)}" if fmt.prefix else "body"
     calls = "call (SEP call)*" if several else "call"
     if fmt.opening or fmt.closing:
-        calls = f"{fmt.opening} {calls} {json.dumps(fmt.closing)}"
+        calls = f"{fmt.opening} {calls} {fmt.closing}"
     lines = [f"start: {'calls | TEXT' if choice == 'auto' else 'calls'}",
              f"calls: {calls}",
              f"call: {call_rule}",
@@ -125,9 +138,9 @@ def parse_calls(text: str, fmt: ToolFormat) -> tuple[str | None, list[dict]]:
             content = text.split("<tool_call>", 1)[0].strip() or None
         elif fmt is LLAMA3:
             found, content = ([json.loads(text)] if text.lstrip().startswith("{") else []), None
-        else:
+        else:  # a JSON list after the marker (and Phi's closing token after the list)
             before, marker, after = text.partition(fmt.marker)
-            found, content = (json.loads(after) if marker else []), before.strip() or None
+            found, content = (json.JSONDecoder().raw_decode(after)[0] if marker else []), before.strip() or None
     except ValueError:
         return text, []
     if not isinstance(found, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str)
@@ -205,3 +218,26 @@ def template_message(message: dict) -> dict:
                 pass
         calls.append({**call, "function": function})
     return {**message, "tool_calls": calls}
+
+
+def call_messages(messages: list[dict], fmt: ToolFormat | None, tools: list[dict] | None) -> list[dict]:
+    """messages as a template that renders no tools or tool calls of its own reads them: Phi-4-mini's
+    takes the tools from the system message ("tools", a JSON list of the functions) and an assistant
+    turn from its content, so the tools go there and a turn's calls into its content as the model
+    writes them. For Model.chat_ids(prepare=...): its messages' texts are shielded by then, so the
+    control tokens written here stay special (tools: shielded too). Other formats: messages as they are."""
+    if fmt is None or fmt.name != "phi":
+        return messages
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = [{"name": c["function"]["name"], "arguments": c["function"].get("arguments", {})}
+                     for c in m["tool_calls"]]
+            m = {**m, "content": (m.get("content") or "") + PHI_CALLS + json.dumps(calls, ensure_ascii=False) + PHI_END}
+        out.append(m)
+    if tools:
+        listed = json.dumps([t["function"] for t in tools], ensure_ascii=False)
+        if not out or out[0]["role"] != "system":
+            out.insert(0, {"role": "system", "content": PHI_SYSTEM})
+        out[0] = {**out[0], "tools": listed}
+    return out

@@ -500,12 +500,84 @@ def test_mistral_template_calls_start_with_its_control_token(tmp_path):
     assert f'"id": "{calls[0]["id"]}"' in after and f'"call_id": "{calls[0]["id"]}"' in after
 
 
+# Phi-4-mini-instruct's chat template, as its tokenizer_config.json on the hub has it (the llama.cpp
+# sdist holds Phi-3.5-mini's alone, which has no tools)
+PHI4_MINI_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and message['tools'] "
+    "is not none %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + "
+    "'<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def phi_server(tmp_path_factory):
+    """A tiny model with Phi-4-mini's control tokens in its vocabulary and its real template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from conftest import english_text
+
+    folder = make_tiny_checkpoint(str(tmp_path_factory.mktemp("phi") / "model"), max_position_embeddings=2048)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|/tool|>",
+                "<|tool_call|>", "<|/tool_call|>"]
+    tok.train_from_iterator([english_text()[:20000]], trainers.BpeTrainer(
+        vocab_size=320, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<|endoftext|>", "eos_token": "<|end|>", "chat_template": PHI4_MINI_TEMPLATE}, f)
+    s = ServerProcess(folder, "--parallel", "2")
+    s.folder = folder
+    yield s
+    s.stop()
+
+
+def test_phi4_mini_template_calls_between_its_control_tokens(phi_server):
+    """Phi-4-mini's template takes the tools from the system message and writes calls as
+    <|tool_call|>[...]<|/tool_call|> (control tokens): calls come back whole and streamed, and
+    go back into the template, with a tool's answer, as those tokens."""
+    from pyllm import tool_calls
+
+    client = phi_server.client()
+    name = client.models.list().data[0].id
+    messages = [{"role": "user", "content": "Weather and time?"}]
+    ask = dict(model=name, messages=messages, tools=[WEATHER, TIME], tool_choice="required", max_tokens=200,
+               temperature=1.0, seed=3)
+    r = client.chat.completions.create(**ask)
+    assert r.choices[0].finish_reason == "tool_calls", r.choices[0].message
+    for call in r.choices[0].message.tool_calls:
+        _check_call(call)
+    calls, _, finish = _streamed_calls(client.chat.completions.create(**ask, stream=True))
+    assert finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls]
+    turn = r.choices[0].message.model_dump(exclude_none=True)
+    answer = {"role": "tool", "tool_call_id": turn["tool_calls"][0]["id"], "content": "sunny"}
+    final = client.chat.completions.create(model=name, messages=messages + [turn, answer], tools=[WEATHER, TIME],
+                                           tool_choice="none", max_tokens=8, seed=0)
+    assert final.choices[0].message.tool_calls is None and final.choices[0].finish_reason in ("stop", "length")
+    # the prompt the server renders: tools in the system turn, the calls as the model's control tokens
+    llm = pyllm.load(phi_server.folder)
+    fmt = tool_calls.template_format(PHI4_MINI_TEMPLATE, llm.tokenizer)
+    history = [tool_calls.template_message(m) for m in messages + [turn, answer]]
+    ids = llm.chat_ids(history, PHI4_MINI_TEMPLATE, prepare=lambda m: tool_calls.call_messages(m, fmt, [WEATHER]))
+    text = llm.tokenizer.decode(ids)
+    hf = llm.tokenizer.hf
+    assert text.startswith(f"<|system|>{tool_calls.PHI_SYSTEM}<|tool|>[") and '"name": "get_weather"' in text
+    assert ids.count(hf.token_to_id("<|tool_call|>")) == 1 and ids.count(hf.token_to_id("<|/tool_call|>")) == 1
+    assert text.endswith("<|end|><|tool|>sunny<|end|><|assistant|>")
+
+
 def test_tool_formats_are_recognised_and_refused(tiny_folder):
     from pyllm import tool_calls
 
     assert tool_calls.template_format("{% if tools %}<tool_call>{% endif %}") is tool_calls.QWEN
     with pytest.raises(tool_calls.ToolsUnsupported, match="TOOL_CALLS"):  # a vocabulary without the token
         tool_calls.template_format("{% if tools %}[TOOL_CALLS]{% endif %}", pyllm.load(tiny_folder).tokenizer)
+    with pytest.raises(tool_calls.ToolsUnsupported, match="tool_call"):  # Phi's template, a vocabulary without
+        tool_calls.template_format(PHI4_MINI_TEMPLATE, pyllm.load(tiny_folder).tokenizer)
     with pytest.raises(tool_calls.ToolsUnsupported, match="no tool support"):
         tool_calls.template_format(CHAT_TEMPLATE)
     text = 'Sure.<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
