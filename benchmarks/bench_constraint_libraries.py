@@ -73,7 +73,8 @@ def hf_tokenizer(vocabulary: str):
     if vocabulary == "qwen2.5":
         with open(os.path.join(QWEN_DIR, "special.json")) as f:
             special = json.load(f)
-        return Tokenizer.from_file(os.path.join(QWEN_DIR, "tokenizer.json")), special["vocab_size"], special["eos_token_id"]
+        tok = Tokenizer.from_file(os.path.join(QWEN_DIR, "tokenizer.json"))
+        return tok, special["vocab_size"], special["eos_token_id"]
     from pyllm.formats.gguf import GGUFFile
     from pyllm.tokenizer_gguf import tokenizer_from_gguf
     metadata = GGUFFile(GEMMA_GGUF).metadata
@@ -254,17 +255,22 @@ def main() -> None:
     if args.one:
         print(json.dumps(run_one(*args.one, args.coverage)))
         return
-    print(f"# {cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"one thread each (llguidance and outlines-core mask on the calling thread; xgrammar max_threads=1)")
-    print("| library | vocabulary | tokenizer ready s | schema ready s | mask+consume ms/token median | mean | max | torch imported |")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(__file__)).stdout.strip()
+    print(f"# {cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, pyllm {commit}, one "
+          f"thread each (llguidance and outlines-core mask on the calling thread; xgrammar max_threads=1)")
+    print("| library | vocabulary | tokenizer ready s | schema ready s | mask+consume ms/token median | mean | max "
+          "| torch imported |")
     print("|---|--:|--:|--:|--:|--:|--:|---|")
     covered = {}
     for library in args.libraries:
         for n, vocabulary in enumerate(args.vocabularies):
-            cmd = [sys.executable, __file__, "--one", library, vocabulary] + (["--coverage"] if args.coverage and n == 0 else [])
+            cmd = [sys.executable, __file__, "--one", library, vocabulary]
+            cmd += ["--coverage"] if args.coverage and n == 0 else []
             out = subprocess.run(cmd, capture_output=True, text=True)
             if out.returncode != 0:
-                print(f"| {library} | {vocabulary} | failed: {out.stderr.strip().splitlines()[-1][:120]} |||||", flush=True)
+                failure = out.stderr.strip().splitlines()[-1][:120]
+                print(f"| {library} | {vocabulary} | failed: {failure} |||||", flush=True)
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"| {library} {r['version']} | {r['n_vocab']:,} ({vocabulary}) | {r['tokenizer_s']:.2f} | "
