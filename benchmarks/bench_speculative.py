@@ -72,22 +72,28 @@ def timed(llm, ids, max_tokens, speculative, rounds):
     return out, best_decode, best_total
 
 
-def verify_costs(llm) -> str:
-    """The median time of one forward call of n rows against a one-token step's: what a verified
-    row costs."""
+def call_times(llm, sizes, repeats: int = 25) -> dict[int, float]:
+    """rows -> the median seconds of a forward call of that many rows (all their logits, as a
+    verifying call returns them) after a 200-token prompt; the weights' values do not change it."""
     from pyllm import _core
 
     seq = _core.CoreSequence(llm.core, 512)
     seq.forward(list(range(100, 300)))
     times = {}
-    for n in (1, 2, 5, 9, 13):
+    for n in sizes:
         runs = []
-        for _ in range(25):
+        for _ in range(repeats):
             start = time.perf_counter()
             seq.forward(list(range(400, 400 + n)), all_logits=True)
             runs.append(time.perf_counter() - start)
             seq.truncate(200)
         times[n] = sorted(runs)[len(runs) // 2]
+    return times
+
+
+def verify_costs(llm) -> str:
+    """A forward call of n rows against a one-token step: what a verified row costs."""
+    times = call_times(llm, (1, 2, 5, 9, 13))
     return ", ".join(f"{n} rows {times[n] / times[1]:.2f}x" for n in times if n > 1)
 
 
@@ -96,11 +102,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tasks", default="editing,summary,free chat", help="a comma-separated subset")
+    parser.add_argument("--targets", default="q4_1,bf16", help="a comma-separated subset")
     args = parser.parse_args()
     q4 = hub.fetch_alias("smollm2", quiet=True)
-    setups = [(q4, None, ["lookup", "self:24"])]
-    if os.path.exists(os.path.join(BF16_FOLDER, "model.safetensors")):
-        setups.append((BF16_FOLDER, q4, ["lookup", "draft"]))
+    setups = [(q4, None, ["lookup", "self:24"])] if "q4_1" in args.targets else []
+    if "bf16" in args.targets and os.path.exists(os.path.join(BF16_FOLDER, "model.safetensors")):
+        setups.append((BF16_FOLDER, q4, ["lookup", "self:24", "draft"]))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     print(f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, "
@@ -121,6 +129,8 @@ def main() -> None:
         print(f"- {os.path.basename(source)}: a verifying call of n rows against a step: {verify_costs(llm)}",
               flush=True)
         for task, messages in tasks().items():
+            if task not in args.tasks.split(","):
+                continue
             ids = llm.tokenizer.encode(llm.render_chat(messages), add_special=False)
             plain, decode0, total0 = timed(llm, ids, args.max_tokens, "off", args.rounds)
             row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids), len(plain.token_ids) - 1, "",

@@ -85,6 +85,10 @@ class _Never:
 
     def __init__(self, token):
         self.token = token
+        self.single = speculative.Odds()
+
+    def odds(self, context):
+        return self.single, speculative.MAX_DRAFT
 
     def propose(self, context, k, choose):
         return [self.token] * k, [None] * k
@@ -150,7 +154,7 @@ def test_rejection_sampling_follows_the_target_s_distribution(tiny, point_mass):
     target = tiny("llama")[0]
     params = SamplingParams(temperature=0.8, top_k=12, repetition_penalty=1.3, seed=5)
     gen = _gen(target, params)
-    spec = speculative.Speculator("test", None, gen, target.vocab_size)
+    spec = speculative.Speculator("test", speculative.PromptLookup(), gen, target.vocab_size)
     rng = np.random.default_rng(0)
     row = (rng.standard_normal(target.vocab_size) * 2).astype(np.float32)
     draft_row = (row + rng.standard_normal(target.vocab_size) * 1.5).astype(np.float32)
