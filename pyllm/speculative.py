@@ -369,16 +369,16 @@ class Speculator:
         if not self.missed and self.rounds < TRUSTED_ROUNDS:
             start = START_DRAFT if self.draft_cost < CHEAP_DRAFT else 1
             return min(start + 2 * self.rounds, most)
-        if self.costs.row + self.draft_cost >= 1:  # k drafts cost k steps or more: none could pay
-            odds.passing = LONGEST_PAUSE
-            return 0
         k, value = self._best(odds.rate, most)
         if value >= 1 or odds.probe:
             if value >= 1:
                 odds.wait = FIRST_PAUSE
             odds.probe = False
             return k
-        odds.passing, odds.wait = odds.wait, min(2 * odds.wait, LONGEST_PAUSE)
+        if self._best(1.0, MAX_DRAFT)[1] < 1:  # not even drafts that were always taken would pay
+            odds.passing = LONGEST_PAUSE
+        else:
+            odds.passing, odds.wait = odds.wait, min(2 * odds.wait, LONGEST_PAUSE)
         return 0
 
     def _best(self, rate: float, most: int) -> tuple[int, float]:

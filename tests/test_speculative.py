@@ -225,3 +225,27 @@ def test_the_server_speculates_with_its_flag_and_reports_the_counts(tmp_path):
     assert body["choices"][0]["text"] == expected.text
     details = body["usage"]["completion_tokens_details"]
     assert details["accepted_prediction_tokens"] > 0 and details["rejected_prediction_tokens"] == 0
+
+
+def test_the_planner_drafts_long_along_a_long_match_and_passes_up_what_cannot_pay(tiny):
+    """The round planner with costs given (not timed): a lookup match of 16 tokens whose kind was
+    always taken gets a long draft where rows are cheap, none where they cost too much; a proposer
+    whose drafted token costs most of a step is passed up for LONGEST_PAUSE chances."""
+    target = tiny("llama")[0]
+    gen = Generation(target, target.prompt_ids(PROMPT), SamplingParams(), 24, None, None)
+    costs = speculative.Costs()
+    costs.step, costs.row = 1.0, 0.05
+    planner = speculative.Speculator("lookup", speculative.PromptLookup(), gen, target.vocab_size, costs)
+    planner.missed = True  # past the trusted rounds
+    stretch = list(range(10, 50))
+    context = stretch + stretch[:20]  # its last 20 tokens repeat its first: a match of 16 or more
+    odds, most = planner.proposer.odds(context)
+    assert odds is planner.proposer.by_length[-1] and most == 40
+    for _ in range(10):
+        odds.record(8, 8)
+    assert planner._plan(context, 100) >= 12
+    costs.by_rows = {n: float(n) for n in range(2, 20)}  # a row costs a step
+    assert planner._plan(context, 100) == 0 and odds.passing == speculative.FIRST_PAUSE
+    drafter = speculative.Speculator("self:1", speculative.SelfDraft(1, 0.9), gen, target.vocab_size, costs)
+    drafter.missed = True
+    assert drafter._plan(context, 100) == 0 and drafter.proposer.single.passing == speculative.LONGEST_PAUSE
