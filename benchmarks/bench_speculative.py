@@ -4,11 +4,12 @@
 
 Tasks: editing (a ~400-token function with one change asked for, the whole function back), a summary
 of a given text, and free chat. Targets: SmolLM2-135M-Instruct Q4_1 (proposers lookup and self:N),
-and the same model as a bf16 folder (f32 compute), whose draft is the Q4_1 file (same tokenizer, a
-third of the bytes). Every speculative output is checked to be the plain output token for token.
-Decode tok/s = (tokens - 1) / (generation time - the time to the first token, measured alone), each
-from a fresh cache; best of --rounds. Forward calls: the model's calls after the prompt (plain: one
-per token), which no load on the machine changes. Prints a Markdown table and the machine.
+and the same model as a bf16 folder (f32 compute; proposers lookup, self:N and a draft: the Q4_1 file,
+same tokenizer, a third of the bytes). Every speculative output is checked to be the plain output
+token for token. Decode tok/s = (tokens - 1) / (generation time - the time to the first token,
+measured alone), each from a fresh cache; best of --rounds, the settings taking turns. Forward calls:
+the model's calls after the prompt (plain: one per token), which no load on the machine changes.
+--tasks and --targets take subsets. Prints a Markdown table and the machine.
 """
 from __future__ import annotations
 
@@ -54,22 +55,23 @@ def tasks() -> dict[str, list[dict]]:
     }
 
 
-def timed(llm, ids, max_tokens, speculative, rounds):
-    """(completion, best decode tok/s, best end-to-end tok/s)."""
-    best_decode = best_total = 0.0
+def timed(llm, ids, max_tokens, settings, rounds):
+    """[(completion, best decode tok/s, best end-to-end tok/s)] for each speculative setting, the
+    settings taking turns in each round so that a change in the machine's load hits them alike."""
+    best = [[None, 0.0, 0.0] for _ in settings]
     for _ in range(rounds):
-        llm.reset()
-        start = time.perf_counter()
-        llm.generate(ids, max_tokens=1, speculative="off")
-        first = time.perf_counter() - start
-        llm.reset()
-        start = time.perf_counter()
-        out = llm.generate(ids, max_tokens=max_tokens, speculative=speculative)
-        total = time.perf_counter() - start
-        n = len(out.token_ids)
-        best_decode = max(best_decode, (n - 1) / max(total - first, 1e-9))
-        best_total = max(best_total, n / total)
-    return out, best_decode, best_total
+        for result, speculative in zip(best, settings):
+            llm.reset()
+            start = time.perf_counter()
+            llm.generate(ids, max_tokens=1, speculative="off")
+            first = time.perf_counter() - start
+            llm.reset()
+            start = time.perf_counter()
+            out = llm.generate(ids, max_tokens=max_tokens, speculative=speculative)
+            total = time.perf_counter() - start
+            n = len(out.token_ids)
+            result[:] = [out, max(result[1], (n - 1) / max(total - first, 1e-9)), max(result[2], n / total)]
+    return best
 
 
 def call_times(llm, sizes, repeats: int = 25) -> dict[int, float]:
@@ -132,17 +134,15 @@ def main() -> None:
             if task not in args.tasks.split(","):
                 continue
             ids = llm.tokenizer.encode(llm.render_chat(messages), add_special=False)
-            plain, decode0, total0 = timed(llm, ids, args.max_tokens, "off", args.rounds)
+            settings = ["off"] + [drafted if proposer == "draft" else proposer for proposer in proposers]
+            (plain, decode0, total0), *runs = timed(llm, ids, args.max_tokens, settings, args.rounds)
             row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids), len(plain.token_ids) - 1, "",
                 decode0, total0, 1.0)
-            for proposer in proposers:
-                setting = drafted if proposer == "draft" else proposer
-                out, decode, total = timed(llm, ids, args.max_tokens, setting, args.rounds)
+            for proposer, (out, decode, total) in zip(proposers, runs):
                 assert out.token_ids == plain.token_ids, f"{proposer} on {task}: not the plain tokens"
                 counts = out.usage["speculative"]
                 row(os.path.basename(source), task, len(ids), counts["proposer"], len(out.token_ids), counts["steps"],
                     f"{counts['accepted']}/{counts['proposed']}", decode, total, decode / decode0)
-
 
 if __name__ == "__main__":
     main()

@@ -248,6 +248,7 @@ class DraftModel:
         self.seq = _core.CoreSequence(draft.core, n_ctx)
         self.held: list[int] = []  # the tokens the draft's cache holds
         self.cost = cost
+        self.prefill_seconds = 0.0  # of the last propose(), which the Speculator does not count
         self.single = Odds()
 
     def odds(self, context: list[int]) -> tuple[Odds, int]:
@@ -256,7 +257,10 @@ class DraftModel:
     def propose(self, context: list[int], k: int, choose) -> tuple[list[int], list]:
         keep = min(shared_prefix(self.held, context), len(context) - 1)
         self.seq.truncate(keep)
+        start = time.perf_counter()
         logits = self.seq.forward(context[keep:])
+        # the prompt's prefill is no drafted token's cost; the tokens taken since the last round are
+        self.prefill_seconds = time.perf_counter() - start if len(context) - keep > MAX_DRAFT + 1 else 0.0
         drafts, qs = [], []
         for i in range(k):
             token, q = choose(logits, drafts)
@@ -343,8 +347,9 @@ class Speculator:
             start = time.perf_counter()
             self.drafts, self.qs = self.proposer.propose(context, k, self._choose)
             if self.timed and self.costs.step and self.drafts:
-                seconds = (time.perf_counter() - start) / len(self.drafts)
-                self.draft_cost = COST_MEMORY * self.draft_cost + (1 - COST_MEMORY) * seconds / self.costs.step
+                drafting = time.perf_counter() - start - getattr(self.proposer, "prefill_seconds", 0.0)
+                per_token = drafting / len(self.drafts) / self.costs.step
+                self.draft_cost = COST_MEMORY * self.draft_cost + (1 - COST_MEMORY) * per_token
                 self.costs.drafts[self.name] = self.draft_cost
         tokens = [token] + self.drafts
         start = time.perf_counter()
