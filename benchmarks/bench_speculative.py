@@ -9,7 +9,7 @@ same tokenizer, a third of the bytes). Every speculative output is checked to be
 token for token. Decode tok/s = (tokens - 1) / (generation time - the time to the first token,
 measured alone), each from a fresh cache; best of --rounds, the settings taking turns. Forward calls:
 the model's calls after the prompt (plain: one per token), which no load on the machine changes.
---tasks and --targets take subsets. Prints a Markdown table and the machine.
+--tasks and --targets take subsets (--targets gemma3: Gemma 3 270M Q4_K_M, lookup and self:14). Prints a Markdown table and the machine.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from pyllm import hub, sampling  # noqa: E402
 
 CACHE = os.path.expanduser(os.environ.get("PYLLM_CACHE") or "~/.cache/pyllm")
 BF16_FOLDER = os.path.join(CACHE, "smollm2-135m-instruct-bf16")  # tests/conftest.py's smollm2_folder
+GEMMA3_FILE = os.path.join(CACHE, "gemma-3-270m-q4_k_m.gguf")  # tests/conftest.py's gemma3_gguf
 
 SUMMARY_TEXT = """The Industrial Revolution began in Great Britain in the second half of the eighteenth century
 and spread to continental Europe and North America during the nineteenth. It replaced hand production with
@@ -41,6 +42,11 @@ wages. Children worked in mills and mines until laws in the 1830s and 1840s bega
 Over time, the revolution raised average incomes and living standards, but its benefits were unevenly
 shared, and it brought pollution, crowded housing and new social conflicts that shaped the politics of the
 following century."""
+
+
+# Gemma 3's turns, for its GGUF files that carry no chat template
+GEMMA_TURNS = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
+               "{{ m['content'] }}<end_of_turn>\n{% endfor %}<start_of_turn>model{{ '\\n' }}")  # jinja drops a last newline
 
 
 def tasks() -> dict[str, list[dict]]:
@@ -105,12 +111,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tasks", default="editing,summary,free chat", help="a comma-separated subset")
-    parser.add_argument("--targets", default="q4_1,bf16", help="a comma-separated subset")
+    parser.add_argument("--targets", default="q4_1,bf16", help="a comma-separated subset of q4_1,bf16,gemma3")
     args = parser.parse_args()
     q4 = hub.fetch_alias("smollm2", quiet=True)
     setups = [(q4, None, ["lookup", "self:24"])] if "q4_1" in args.targets else []
     if "bf16" in args.targets and os.path.exists(os.path.join(BF16_FOLDER, "model.safetensors")):
         setups.append((BF16_FOLDER, q4, ["lookup", "self:24", "draft"]))
+    if "gemma3" in args.targets and os.path.exists(GEMMA3_FILE):
+        setups.append((GEMMA3_FILE, None, ["lookup", "self:14"]))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     print(f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, "
@@ -133,7 +141,8 @@ def main() -> None:
         for task, messages in tasks().items():
             if task not in args.tasks.split(","):
                 continue
-            ids = llm.tokenizer.encode(llm.render_chat(messages), add_special=False)
+            template = None if llm.tokenizer.chat_template else GEMMA_TURNS
+            ids = llm.tokenizer.encode(llm.render_chat(messages, chat_template=template), add_special=False)
             settings = ["off"] + [drafted if proposer == "draft" else proposer for proposer in proposers]
             (plain, decode0, total0), *runs = timed(llm, ids, args.max_tokens, settings, args.rounds)
             row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids), len(plain.token_ids) - 1, "",

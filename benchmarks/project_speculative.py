@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import pyllm  # noqa: E402
 from pyllm import hub, speculative  # noqa: E402
 from pyllm.sampling import SamplingParams  # noqa: E402
-from bench_speculative import call_times, tasks  # noqa: E402
+from bench_speculative import GEMMA_TURNS, call_times, tasks  # noqa: E402
 
 
 def replay(prompt: list[int], output: list[int], costs: speculative.Costs) -> list[int]:
@@ -73,7 +73,8 @@ def main() -> None:
     print("| task | tokens | calls | rows in all | projected decode vs plain |")
     print("|---|--:|--:|--:|--:|")
     for task, messages in tasks().items():
-        ids = target.tokenizer.encode(target.render_chat(messages), add_special=False)
+        template = None if target.tokenizer.chat_template else GEMMA_TURNS
+        ids = target.tokenizer.encode(target.render_chat(messages, chat_template=template), add_special=False)
         output = target.generate(ids, max_tokens=args.max_tokens, speculative="lookup").token_ids
         calls = replay(ids, output, costs)
         spent = sum(times[n] for n in calls)
