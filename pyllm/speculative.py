@@ -36,7 +36,8 @@ the one before it; where none pays (under 1 token per step), it steps plainly an
 proposal waits a number of chances that doubles each time a probe after the wait still does not pay.
 A new generation's first rounds trust the proposer (longer drafts each round) until it misses once.
 A proposer whose drafts cost as much as the steps they would save (a self-draft of most layers, a
-draft model as large as the target) passes up LONGEST_PAUSE chances at a time.
+draft model as large as the target) gets one trusted round, then passes up LONGEST_PAUSE chances at
+a time.
 """
 from __future__ import annotations
 
@@ -371,7 +372,8 @@ class Speculator:
             odds.passing -= 1
             odds.probe = odds.passing == 0
             return 0
-        if not self.missed and self.rounds < TRUSTED_ROUNDS:
+        hopeless = self._best(1.0, MAX_DRAFT)[1] < 1  # not even drafts that were always taken would pay
+        if not self.missed and self.rounds < (1 if hopeless else TRUSTED_ROUNDS):
             start = START_DRAFT if self.draft_cost < CHEAP_DRAFT else 1
             return min(start + 2 * self.rounds, most)
         k, value = self._best(odds.rate, most)
@@ -380,7 +382,7 @@ class Speculator:
                 odds.wait = FIRST_PAUSE
             odds.probe = False
             return k
-        if self._best(1.0, MAX_DRAFT)[1] < 1:  # not even drafts that were always taken would pay
+        if hopeless:
             odds.passing = LONGEST_PAUSE
         else:
             odds.passing, odds.wait = odds.wait, min(2 * odds.wait, LONGEST_PAUSE)
