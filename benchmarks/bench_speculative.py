@@ -9,7 +9,8 @@ same tokenizer, a third of the bytes). Every speculative output is checked to be
 token for token. Decode tok/s = (tokens - 1) / (generation time - the time to the first token,
 measured alone), each from a fresh cache; best of --rounds, the settings taking turns. Forward calls:
 the model's calls after the prompt (plain: one per token), which no load on the machine changes.
---tasks and --targets take subsets (--targets gemma3: Gemma 3 270M Q4_K_M, lookup and self:14). Prints a Markdown table and the machine.
+--tasks and --targets take subsets (--targets gemma3: Gemma 3 270M Q4_K_M, lookup and self:14).
+Prints a Markdown table and the machine.
 """
 from __future__ import annotations
 
@@ -45,8 +46,10 @@ following century."""
 
 
 # Gemma 3's turns, for its GGUF files that carry no chat template
-GEMMA_TURNS = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
-               "{{ m['content'] }}<end_of_turn>\n{% endfor %}<start_of_turn>model{{ '\\n' }}")  # jinja drops a last newline
+# (jinja drops a template's last newline: the one after "model" is written as a string)
+GEMMA_TURNS = ("{{ bos_token }}{% for m in messages %}"
+               "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
+               "{{ m['content'] }}<end_of_turn>\n{% endfor %}<start_of_turn>model{{ '\\n' }}")
 
 
 def tasks() -> dict[str, list[dict]]:
@@ -129,7 +132,8 @@ def main() -> None:
     print("|---|---|--:|---|--:|--:|--:|--:|--:|--:|", flush=True)
 
     def row(target, task, n_prompt, proposer, n, calls, counts, decode, total, ratio):
-        print(f"| {target} | {task} | {n_prompt} | {proposer} | {n} | {calls} | {counts} | {decode:.1f} | {total:.1f} | "
+        print(f"| {target} | {task} | {n_prompt} | {proposer} | {n} | {calls} | {counts} | {decode:.1f} | {total:.1f} "
+              f"| "
               f"{ratio:.2f}x |", flush=True)
 
     for source, draft, proposers in setups:

@@ -6,9 +6,9 @@ calls lookup makes on bench_speculative's tasks with a real TARGET (its greedy o
 
 The replay is exact: greedy speculation makes the plain output whatever it proposes, so feeding the
 plain output to pyllm.speculative's own lookup and round planner (with COST_FILE's measured costs by
-row count in place of its timings) gives the calls a speculative run would make, each with its rows. Projected speed-up = (tokens - 1) x the time of a
-one-row call / the sum of the calls' measured times. A projection, not a measurement: it leaves out
-the Python work of a round and the time of reading the logits of the rows.
+row count in place of its timings) gives the calls a speculative run would make, each with its rows.
+Projected speed-up = (tokens - 1) x the time of a one-row call / the sum of the calls' measured times.
+A projection, not a measurement: it leaves out the Python work of a round.
 """
 from __future__ import annotations
 
