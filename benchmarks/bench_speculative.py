@@ -133,8 +133,7 @@ def main() -> None:
 
     def row(target, task, n_prompt, proposer, n, calls, counts, decode, total, ratio):
         print(f"| {target} | {task} | {n_prompt} | {proposer} | {n} | {calls} | {counts} | {decode:.1f} | {total:.1f} "
-              f"| "
-              f"{ratio:.2f}x |", flush=True)
+              f"| {ratio:.2f}x |", flush=True)
 
     for source, draft, proposers in setups:
         llm = pyllm.load(source, threads=args.threads,
