@@ -4,11 +4,13 @@
 
 Tasks: editing (a ~400-token function with one change asked for, the whole function back), a summary
 of a given text, and free chat. Targets: SmolLM2-135M-Instruct Q4_1 (proposers lookup and self:N),
-and the same model as a bf16 folder (f32 compute), whose draft is the Q4_1 file (same tokenizer, a
-third of the bytes). Every speculative output is checked to be the plain output token for token.
-Decode tok/s = (tokens - 1) / (generation time - the time to the first token, measured alone), each
-from a fresh cache; best of --rounds. Forward calls: the model's calls after the prompt (plain: one
-per token), which no load on the machine changes. Prints a Markdown table and the machine.
+and the same model as a bf16 folder (f32 compute; proposers lookup, self:N and a draft: the Q4_1 file,
+same tokenizer, a third of the bytes). Every speculative output is checked to be the plain output
+token for token. Decode tok/s = (tokens - 1) / (generation time - the time to the first token,
+measured alone), each from a fresh cache; best of --rounds, the settings taking turns. Forward calls:
+the model's calls after the prompt (plain: one per token), which no load on the machine changes.
+--tasks and --targets take subsets (--targets gemma3: Gemma 3 270M Q4_K_M, lookup and self:14).
+Prints a Markdown table and the machine.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from pyllm import hub, sampling  # noqa: E402
 
 CACHE = os.path.expanduser(os.environ.get("PYLLM_CACHE") or "~/.cache/pyllm")
 BF16_FOLDER = os.path.join(CACHE, "smollm2-135m-instruct-bf16")  # tests/conftest.py's smollm2_folder
+GEMMA3_FILE = os.path.join(CACHE, "gemma-3-270m-q4_k_m.gguf")  # tests/conftest.py's gemma3_gguf
 
 SUMMARY_TEXT = """The Industrial Revolution began in Great Britain in the second half of the eighteenth century
 and spread to continental Europe and North America during the nineteenth. It replaced hand production with
@@ -42,6 +45,13 @@ shared, and it brought pollution, crowded housing and new social conflicts that 
 following century."""
 
 
+# Gemma 3's turns, for its GGUF files that carry no chat template
+# (jinja drops a template's last newline: the one after "model" is written as a string)
+GEMMA_TURNS = ("{{ bos_token }}{% for m in messages %}"
+               "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
+               "{{ m['content'] }}<end_of_turn>\n{% endfor %}<start_of_turn>model{{ '\\n' }}")
+
+
 def tasks() -> dict[str, list[dict]]:
     function = inspect.getsource(sampling.Sampler._survivors)
     return {
@@ -54,40 +64,47 @@ def tasks() -> dict[str, list[dict]]:
     }
 
 
-def timed(llm, ids, max_tokens, speculative, rounds):
-    """(completion, best decode tok/s, best end-to-end tok/s)."""
-    best_decode = best_total = 0.0
+def timed(llm, ids, max_tokens, settings, rounds):
+    """[(completion, best decode tok/s, best end-to-end tok/s)] for each speculative setting, the
+    settings taking turns in each round so that a change in the machine's load hits them alike."""
+    best = [[None, 0.0, 0.0] for _ in settings]
     for _ in range(rounds):
-        llm.reset()
-        start = time.perf_counter()
-        llm.generate(ids, max_tokens=1, speculative="off")
-        first = time.perf_counter() - start
-        llm.reset()
-        start = time.perf_counter()
-        out = llm.generate(ids, max_tokens=max_tokens, speculative=speculative)
-        total = time.perf_counter() - start
-        n = len(out.token_ids)
-        best_decode = max(best_decode, (n - 1) / max(total - first, 1e-9))
-        best_total = max(best_total, n / total)
-    return out, best_decode, best_total
+        for result, speculative in zip(best, settings):
+            llm.reset()
+            start = time.perf_counter()
+            llm.generate(ids, max_tokens=1, speculative="off")
+            first = time.perf_counter() - start
+            llm.reset()
+            start = time.perf_counter()
+            out = llm.generate(ids, max_tokens=max_tokens, speculative=speculative)
+            total = time.perf_counter() - start
+            n = len(out.token_ids)
+            result[:] = [out, max(result[1], (n - 1) / max(total - first, 1e-9)), max(result[2], n / total)]
+    return best
 
 
-def verify_costs(llm) -> str:
-    """The median time of one forward call of n rows against a one-token step's: what a verified
-    row costs."""
+def call_times(llm, sizes, repeats: int = 25) -> dict[int, float]:
+    """rows -> the median seconds of a forward call of that many rows (all their logits, as a
+    verifying call returns them) after a 200-token prompt; the weights' values do not change it."""
     from pyllm import _core
 
     seq = _core.CoreSequence(llm.core, 512)
     seq.forward(list(range(100, 300)))
     times = {}
-    for n in (1, 2, 5, 9, 13):
+    for n in sizes:
         runs = []
-        for _ in range(25):
+        for _ in range(repeats):
             start = time.perf_counter()
             seq.forward(list(range(400, 400 + n)), all_logits=True)
             runs.append(time.perf_counter() - start)
             seq.truncate(200)
         times[n] = sorted(runs)[len(runs) // 2]
+    return times
+
+
+def verify_costs(llm) -> str:
+    """A forward call of n rows against a one-token step: what a verified row costs."""
+    times = call_times(llm, (1, 2, 5, 9, 13))
     return ", ".join(f"{n} rows {times[n] / times[1]:.2f}x" for n in times if n > 1)
 
 
@@ -96,11 +113,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tasks", default="editing,summary,free chat", help="a comma-separated subset")
+    parser.add_argument("--targets", default="q4_1,bf16", help="a comma-separated subset of q4_1,bf16,gemma3")
     args = parser.parse_args()
     q4 = hub.fetch_alias("smollm2", quiet=True)
-    setups = [(q4, None, ["lookup", "self:24"])]
-    if os.path.exists(os.path.join(BF16_FOLDER, "model.safetensors")):
-        setups.append((BF16_FOLDER, q4, ["lookup", "draft"]))
+    setups = [(q4, None, ["lookup", "self:24"])] if "q4_1" in args.targets else []
+    if "bf16" in args.targets and os.path.exists(os.path.join(BF16_FOLDER, "model.safetensors")):
+        setups.append((BF16_FOLDER, q4, ["lookup", "self:24", "draft"]))
+    if "gemma3" in args.targets and os.path.exists(GEMMA3_FILE):
+        setups.append((GEMMA3_FILE, None, ["lookup", "self:14"]))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     print(f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, "
@@ -111,8 +132,8 @@ def main() -> None:
     print("|---|---|--:|---|--:|--:|--:|--:|--:|--:|", flush=True)
 
     def row(target, task, n_prompt, proposer, n, calls, counts, decode, total, ratio):
-        print(f"| {target} | {task} | {n_prompt} | {proposer} | {n} | {calls} | {counts} | {decode:.1f} | {total:.1f} | "
-              f"{ratio:.2f}x |", flush=True)
+        print(f"| {target} | {task} | {n_prompt} | {proposer} | {n} | {calls} | {counts} | {decode:.1f} | {total:.1f} "
+              f"| {ratio:.2f}x |", flush=True)
 
     for source, draft, proposers in setups:
         llm = pyllm.load(source, threads=args.threads,
@@ -121,18 +142,19 @@ def main() -> None:
         print(f"- {os.path.basename(source)}: a verifying call of n rows against a step: {verify_costs(llm)}",
               flush=True)
         for task, messages in tasks().items():
-            ids = llm.tokenizer.encode(llm.render_chat(messages), add_special=False)
-            plain, decode0, total0 = timed(llm, ids, args.max_tokens, "off", args.rounds)
+            if task not in args.tasks.split(","):
+                continue
+            template = None if llm.tokenizer.chat_template else GEMMA_TURNS
+            ids = llm.tokenizer.encode(llm.render_chat(messages, chat_template=template), add_special=False)
+            settings = ["off"] + [drafted if proposer == "draft" else proposer for proposer in proposers]
+            (plain, decode0, total0), *runs = timed(llm, ids, args.max_tokens, settings, args.rounds)
             row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids), len(plain.token_ids) - 1, "",
                 decode0, total0, 1.0)
-            for proposer in proposers:
-                setting = drafted if proposer == "draft" else proposer
-                out, decode, total = timed(llm, ids, args.max_tokens, setting, args.rounds)
+            for proposer, (out, decode, total) in zip(proposers, runs):
                 assert out.token_ids == plain.token_ids, f"{proposer} on {task}: not the plain tokens"
                 counts = out.usage["speculative"]
                 row(os.path.basename(source), task, len(ids), counts["proposer"], len(out.token_ids), counts["steps"],
                     f"{counts['accepted']}/{counts['proposed']}", decode, total, decode / decode0)
-
 
 if __name__ == "__main__":
     main()

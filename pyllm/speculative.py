@@ -25,14 +25,25 @@ point mass for lookup proposals and greedy drafts). Every draw comes from the ge
 generator in a fixed order and every decision follows from the logits and the counts of taken
 tokens, never from timings, so a seed gives the same tokens on any thread count.
 
-Adaptive: k grows by 2 after a round that takes every draft and shrinks by 1 otherwise; a round's
-gain, the tokens it made per step's worth of work (estimated from the bytes each forward reads),
-is averaged, and while that average stays under 1 speculation pauses for a number of plain steps
-that doubles each time it does not pay.
+Adaptive, never by a token: speculation decides only whether and how much to propose, from costs
+and odds. The costs: a one-token step's time, a verifying call's time against it by its rows, and the
+proposer's time per drafted token, all measured as the model runs (a model's costs are kept across its
+generations); sampled generations use the fixed cost model instead (ROW_COST, the proposer's share of
+the bytes a step reads), so that a seed's tokens never depend on timings. The odds: how often a
+proposal of its kind is taken (a lookup keeps them by the length of its match). A round proposes the
+k that makes the most tokens per step's worth of time, expecting each draft taken with the odds after
+the one before it; where none pays (under 1 token per step), it steps plainly and that kind of
+proposal waits a number of chances that doubles each time a probe after the wait still does not pay.
+A new generation's first rounds trust the proposer (longer drafts each round) until it misses once.
+A proposer whose drafts cost as much as the steps they would save (a self-draft of most layers, a
+draft model as large as the target) gets one trusted round, then passes up LONGEST_PAUSE chances at
+a time.
 """
 from __future__ import annotations
 
 import os
+import time
+import weakref
 
 import numpy as np
 
@@ -40,15 +51,20 @@ from . import _core
 from .kvpool import shared_prefix
 from .sampling import Sampler, _inverse_cdf
 
-MAX_DRAFT = 12  # the most tokens one round proposes
-START_DRAFT = 4
-# The extra cost of a verified row, as a share of a one-token step: decode reads the weights once
-# for all rows, so a row adds its arithmetic (SmolLM2 Q4_1 on 2 threads: see benchmarks/RESULTS.md).
-ROW_COST = 0.12
-GAIN_MEMORY = 0.8  # the weight of the past in the running average of a round's gain
-GAIN_START = 3.0  # an optimistic start: a proposer gets a few rounds before a miss pauses it
-FIRST_PAUSE, LONGEST_PAUSE = 8, 256  # plain steps while speculation does not pay
-LOOKUP_NGRAMS = (4, 3, 2, 1)  # the n-gram lengths a lookup tries, longest first
+MAX_DRAFT = 16  # the most tokens one round proposes
+START_DRAFT = 4  # a trusted proposer's first round; each trusted round after it proposes 2 more
+TRUSTED_ROUNDS = 4  # a new generation's rounds that speculate until the proposer first misses
+CHEAP_DRAFT = 0.25  # a proposer dearer than this share of a step per token starts trusted rounds at 1
+# The extra cost of a verified row, as a share of a one-token step, until it is measured: decode
+# reads the weights once for all rows, so a row adds its arithmetic (SmolLM2 on 2 threads: 0.19, a
+# compute-bound 135M model; laptop-shape 1B files less: see benchmarks/RESULTS.md).
+ROW_COST = 0.15
+COST_MEMORY = 0.9  # the weight of the past in the running averages of measured times
+ODDS_MEMORY = 0.9  # the weight of the past in the counts of taken proposals, per round
+PRIOR_TAKEN, PRIOR_TRIES = 1.4, 2.0  # odds of 0.7 before a proposal of a kind was judged
+FIRST_PAUSE, LONGEST_PAUSE = 16, 512  # chances passed up while a kind of proposal does not pay
+LOOKUP_NGRAMS = (4, 3, 2, 1)  # the n-gram lengths a lookup indexes, longest first
+LONGEST_MATCH = 16  # a lookup's match is measured back this far: its odds are kept by 1, 2-3, 4-7, 8-15, 16
 
 
 class Speculation:
@@ -72,7 +88,7 @@ class Speculation:
             proposer = SelfDraft(self.layers, read_cost(model, self.layers))
         else:
             proposer = DraftModel(self.draft, model.n_ctx, read_cost(self.draft) / read_cost(model))
-        gen.speculator = Speculator(self.name, proposer, gen, model.vocab_size)
+        gen.speculator = Speculator(self.name, proposer, gen, model.vocab_size, costs_of(model))
         return gen.speculator
 
 
@@ -134,17 +150,75 @@ def read_cost(model, layers: int | None = None) -> float:
     return (head + (total - head) * layers / model.spec.n_layers) / max(total, 1)
 
 
+class Costs:
+    """What forward calls of one model take, in one-token steps: running averages of the calls
+    timed, by row count (the cost is not linear in rows: a few rows may cost what one does where a
+    step waits on memory), and for row counts not timed yet the average share of a step each
+    further row adds (before any: ROW_COST); and what each proposer's drafted token takes."""
+
+    def __init__(self):
+        self.step: float | None = None  # seconds
+        self.row = ROW_COST
+        self.by_rows: dict[int, float] = {}  # rows > 1 -> a call's time, in steps
+        self.drafts: dict[str, float] = {}  # proposer name -> a drafted token's time, in steps
+
+    def ratio(self, rows: int) -> float:
+        """The time of a call of rows tokens, in steps."""
+        return 1.0 if rows == 1 else self.by_rows.get(rows, 1 + self.row * (rows - 1))
+
+    def record(self, rows: int, seconds: float) -> None:
+        if rows == 1:
+            self.step = seconds if self.step is None else COST_MEMORY * self.step + (1 - COST_MEMORY) * seconds
+        elif self.step is not None:
+            ratio = seconds / self.step
+            self.by_rows[rows] = COST_MEMORY * self.by_rows.get(rows, ratio) + (1 - COST_MEMORY) * ratio
+            self.row = COST_MEMORY * self.row + (1 - COST_MEMORY) * max(0.0, (ratio - 1) / (rows - 1))
+
+
+_costs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # Model -> its Costs
+
+
+def costs_of(model) -> Costs:
+    if model not in _costs:
+        _costs[model] = Costs()
+    return _costs[model]
+
+
+class Odds:
+    """How often one kind of proposal is taken (running counts: each draft is a try until one is
+    turned down), and the chances it passes up while it does not pay."""
+
+    def __init__(self):
+        self.taken, self.tries = PRIOR_TAKEN, PRIOR_TRIES
+        self.passing = 0  # chances still to pass up
+        self.wait = FIRST_PAUSE  # the next pause
+        self.probe = False  # the pause just ended: the next chance runs a round whatever it expects
+
+    @property
+    def rate(self) -> float:
+        return self.taken / self.tries
+
+    def record(self, proposed: int, taken: int) -> None:
+        self.taken = ODDS_MEMORY * self.taken + taken
+        self.tries = ODDS_MEMORY * self.tries + taken + (taken < proposed)
+
+
 class PromptLookup:
     """Proposes what followed the last earlier occurrence of the context's final n-gram (the
-    longest of LOOKUP_NGRAMS that occurred), from an index that grows with the context."""
+    longest of LOOKUP_NGRAMS that occurred), from an index that grows with the context; the longer
+    the stretch that matches there, the better its odds (kept apart) and the longer its drafts."""
 
     cost = 0.0
 
     def __init__(self):
         self.seen = 0  # context tokens indexed
         self.index: dict[tuple, int] = {}  # n-gram -> where the tokens after its latest occurrence start
+        self.by_length = [Odds() for _ in range(LONGEST_MATCH.bit_length())]
+        self.at = 0  # where the drafts of the match odds() found start
 
-    def propose(self, context: list[int], k: int, choose) -> tuple[list[int], list]:
+    def odds(self, context: list[int]) -> tuple[Odds | None, int]:
+        """The odds of a proposal from the context's match and the most tokens it can propose;
+        (None, 0) without a match."""
         # an n-gram ending at e is indexed once a token follows it: e < len(context)
         for end in range(max(self.seen, 1), len(context)):
             for n in LOOKUP_NGRAMS:
@@ -154,9 +228,16 @@ class PromptLookup:
         for n in LOOKUP_NGRAMS:
             at = self.index.get(tuple(context[-n:])) if len(context) >= n else None
             if at is not None:
-                drafts = context[at:at + k]
-                return drafts, [None] * len(drafts)
-        return [], []
+                length = n
+                while length < min(LONGEST_MATCH, at) and context[at - 1 - length] == context[-1 - length]:
+                    length += 1
+                self.at = at
+                return self.by_length[length.bit_length() - 1], len(context) - at
+        return None, 0
+
+    def propose(self, context: list[int], k: int, choose) -> tuple[list[int], list]:
+        drafts = context[self.at:self.at + k]
+        return drafts, [None] * len(drafts)
 
 
 class DraftModel:
@@ -168,11 +249,19 @@ class DraftModel:
         self.seq = _core.CoreSequence(draft.core, n_ctx)
         self.held: list[int] = []  # the tokens the draft's cache holds
         self.cost = cost
+        self.prefill_seconds = 0.0  # of the last propose(), which the Speculator does not count
+        self.single = Odds()
+
+    def odds(self, context: list[int]) -> tuple[Odds, int]:
+        return self.single, MAX_DRAFT
 
     def propose(self, context: list[int], k: int, choose) -> tuple[list[int], list]:
         keep = min(shared_prefix(self.held, context), len(context) - 1)
         self.seq.truncate(keep)
+        start = time.perf_counter()
         logits = self.seq.forward(context[keep:])
+        # the prompt's prefill is no drafted token's cost; the tokens taken since the last round are
+        self.prefill_seconds = time.perf_counter() - start if len(context) - keep > MAX_DRAFT + 1 else 0.0
         drafts, qs = [], []
         for i in range(k):
             token, q = choose(logits, drafts)
@@ -193,6 +282,10 @@ class SelfDraft:
         self.layers = layers
         self.cost = cost
         self.seq = None  # the generation's cache, set by the Speculator before each round
+        self.single = Odds()
+
+    def odds(self, context: list[int]) -> tuple[Odds, int]:
+        return self.single, MAX_DRAFT
 
     def propose(self, context: list[int], k: int, choose) -> tuple[list[int], list]:
         start = self.seq.pos  # the cache holds every token of the context but the last
@@ -214,18 +307,21 @@ class Speculator:
     """One generation's speculation: its proposer, how many tokens to propose, and what was
     proposed and taken (usage())."""
 
-    def __init__(self, name: str, proposer, gen, vocab_size: int):
+    def __init__(self, name: str, proposer, gen, vocab_size: int, costs: Costs | None = None):
         self.name = name
         self.vocab_size = vocab_size
         self.proposer = proposer
         self.gen = gen
         self.draft_sampler = Sampler(gen.sampler.params)  # q: the same settings on the draft's logits
-        self.k = START_DRAFT
+        # a seed's tokens must not depend on timings: sampled generations keep the fixed cost model
+        self.timed = costs is not None and gen.sampler.params.greedy
+        self.costs = costs if self.timed else Costs()
+        self.draft_cost = self.costs.drafts.get(name, proposer.cost)  # a drafted token's time, in steps
+        self.rounds = 0  # rounds that proposed
+        self.missed = False  # a draft was turned down
+        self.odds: Odds | None = None  # the kind of this round's proposal
         self.proposed = self.accepted = 0
         self.steps = 0  # forward calls of the model while decoding: plain steps and verifying calls
-        self.gain = GAIN_START
-        self.paused = 0
-        self.pause = FIRST_PAUSE
 
     def usage(self) -> dict:
         """What a Completion's usage adds: OpenAI's prediction counts, and the proposer's: tokens
@@ -244,15 +340,63 @@ class Speculator:
         room = min(gen.max_tokens - len(gen.generated),  # the last row would go unused past these
                    gen.n_ctx - cache.seq.pos - 1, cache.seq.exact_rows - 1)
         self.drafts, self.qs = [], []
-        if self.paused:
-            self.paused -= 1
-        elif room > 0:
+        context = gen.context()
+        k = self._plan(context, room) if room > 0 else 0
+        if k:
             if isinstance(self.proposer, SelfDraft):
                 self.proposer.seq = cache.seq
-            self.drafts, self.qs = self.proposer.propose(gen.context(), min(self.k, room), self._choose)
-        if not self.drafts:
-            return pool.step(cache, token)[None]
-        return pool.verify(cache, [token] + self.drafts)
+            start = time.perf_counter()
+            self.drafts, self.qs = self.proposer.propose(context, k, self._choose)
+            if self.timed and self.costs.step and self.drafts:
+                drafting = time.perf_counter() - start - getattr(self.proposer, "prefill_seconds", 0.0)
+                per_token = drafting / len(self.drafts) / self.costs.step
+                self.draft_cost = COST_MEMORY * self.draft_cost + (1 - COST_MEMORY) * per_token
+                self.costs.drafts[self.name] = self.draft_cost
+        tokens = [token] + self.drafts
+        start = time.perf_counter()
+        rows = pool.verify(cache, tokens) if self.drafts else pool.step(cache, token)[None]
+        if self.timed:
+            self.costs.record(len(tokens), time.perf_counter() - start)
+        return rows
+
+    def _plan(self, context: list[int], room: int) -> int:
+        """How many tokens this round proposes (0: a plain step), from the proposer's odds and the
+        costs; self.odds the kind of proposal it makes."""
+        if self.timed and self.costs.step is None:
+            return 0  # a plain step first: its time is the unit of every cost
+        self.odds, most = self.proposer.odds(context)
+        odds, most = self.odds, min(most, room, MAX_DRAFT)
+        if odds is None:
+            return 0
+        if odds.passing:
+            odds.passing -= 1
+            odds.probe = odds.passing == 0
+            return 0
+        hopeless = self._best(1.0, MAX_DRAFT)[1] < 1  # not even drafts that were always taken would pay
+        if not self.missed and self.rounds < (1 if hopeless else TRUSTED_ROUNDS):
+            start = START_DRAFT if self.draft_cost < CHEAP_DRAFT else 1
+            return min(start + 2 * self.rounds, most)
+        k, value = self._best(odds.rate, most)
+        if value >= 1 or odds.probe:
+            if value >= 1:
+                odds.wait = FIRST_PAUSE
+            odds.probe = False
+            return k
+        if hopeless:
+            odds.passing = LONGEST_PAUSE
+        else:
+            odds.passing, odds.wait = odds.wait, min(2 * odds.wait, LONGEST_PAUSE)
+        return 0
+
+    def _best(self, rate: float, most: int) -> tuple[int, float]:
+        """The number of drafts (1 to most) that makes the most tokens per step's time, and those
+        tokens per step: each draft taken with probability rate once the one before it was."""
+        best = (1, 0.0)
+        for k in range(1, most + 1):
+            expected = k + 1 if rate >= 1 else (1 - rate ** (k + 1)) / (1 - rate)
+            value = expected / (self.costs.ratio(k + 1) + k * self.draft_cost)
+            best = max(best, (k, value), key=lambda kv: kv[1])
+        return best
 
     def judge(self, cache, rows: np.ndarray) -> list:
         """The Pieces (or a None at an end of sequence) of the tokens this round makes: the drafts
@@ -269,10 +413,10 @@ class Speculator:
             pieces.append(piece)
             taken = piece is not None and piece.token_id == draft
             if not taken or gen.finish_reason is not None:
-                self._adapt(len(drafts), i + taken)
+                self._record(len(drafts), i + taken)
                 cache.seq.truncate(start + 1 + i)
                 return pieces
-        self._adapt(len(drafts), len(drafts))
+        self._record(len(drafts), len(drafts))
         pieces.append(gen.step(rows[-1]))
         return pieces
 
@@ -303,17 +447,12 @@ class Speculator:
         # rejected, so p(draft) < q(draft): the rest has mass, none of it on draft
         return _inverse_cdf(np.maximum(dense_p - dense_q, 0.0), gen.sampler.rng.random())
 
-    def _adapt(self, proposed: int, taken: int) -> None:
+    def _record(self, proposed: int, taken: int) -> None:
         self.proposed += proposed
         self.accepted += taken
-        self.k = min(self.k + 2, MAX_DRAFT) if taken == proposed else max(1, self.k - 1)
-        gain = (1 + taken) / (1 + ROW_COST * proposed + self.proposer.cost * proposed)
-        self.gain = GAIN_MEMORY * self.gain + (1 - GAIN_MEMORY) * gain
-        if self.gain >= 1:
-            self.pause = FIRST_PAUSE
-        else:
-            self.paused, self.pause = self.pause, min(2 * self.pause, LONGEST_PAUSE)
-            self.gain = 1.0
+        self.rounds += 1
+        self.missed = self.missed or taken < proposed
+        self.odds.record(proposed, taken)
 
 
 def fit_vocabulary(logits: np.ndarray, vocab_size: int) -> np.ndarray:

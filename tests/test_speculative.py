@@ -44,6 +44,9 @@ def other_draft(checkpoint):
 @pytest.mark.parametrize("family", ["llama", pytest.param("qwen2", marks=pytest.mark.slow), "gemma3", "gpt2"])
 def test_greedy_speculation_gives_the_plain_tokens_logprobs_and_text_with_every_proposer(tiny, other_draft, family):
     target, same = tiny(family)
+    # a draft as large as the target costs a step per token and is dropped after a round: taken as
+    # free here, it shows that a draft that is always right is used in full
+    speculative.costs_of(target).drafts[target.speculation(same).name] = 0.0
     plain = target.generate(PROMPT, max_tokens=24, logprobs=3, speculative="off")
     drafts = [other_draft] if family == "llama" else []
     for proposer in ["lookup", f"self:{target.spec.n_layers - 1}", "self:1", same, *drafts]:
@@ -85,6 +88,10 @@ class _Never:
 
     def __init__(self, token):
         self.token = token
+        self.single = speculative.Odds()
+
+    def odds(self, context):
+        return self.single, speculative.MAX_DRAFT
 
     def propose(self, context, k, choose):
         return [self.token] * k, [None] * k
@@ -150,7 +157,7 @@ def test_rejection_sampling_follows_the_target_s_distribution(tiny, point_mass):
     target = tiny("llama")[0]
     params = SamplingParams(temperature=0.8, top_k=12, repetition_penalty=1.3, seed=5)
     gen = _gen(target, params)
-    spec = speculative.Speculator("test", None, gen, target.vocab_size)
+    spec = speculative.Speculator("test", speculative.PromptLookup(), gen, target.vocab_size)
     rng = np.random.default_rng(0)
     row = (rng.standard_normal(target.vocab_size) * 2).astype(np.float32)
     draft_row = (row + rng.standard_normal(target.vocab_size) * 1.5).astype(np.float32)
@@ -221,3 +228,27 @@ def test_the_server_speculates_with_its_flag_and_reports_the_counts(tmp_path):
     assert body["choices"][0]["text"] == expected.text
     details = body["usage"]["completion_tokens_details"]
     assert details["accepted_prediction_tokens"] > 0 and details["rejected_prediction_tokens"] == 0
+
+
+def test_the_planner_drafts_long_along_a_long_match_and_passes_up_what_cannot_pay(tiny):
+    """The round planner with costs given (not timed): a lookup match of 16 tokens whose kind was
+    always taken gets a long draft where rows are cheap, none where they cost too much; a proposer
+    whose drafted token costs most of a step is passed up for LONGEST_PAUSE chances."""
+    target = tiny("llama")[0]
+    gen = Generation(target, target.prompt_ids(PROMPT), SamplingParams(), 24, None, None)
+    costs = speculative.Costs()
+    costs.step, costs.row = 1.0, 0.05
+    planner = speculative.Speculator("lookup", speculative.PromptLookup(), gen, target.vocab_size, costs)
+    planner.missed = True  # past the trusted rounds
+    stretch = list(range(10, 50))
+    context = stretch + stretch[:20]  # its last 20 tokens repeat its first: a match of 16 or more
+    odds, most = planner.proposer.odds(context)
+    assert odds is planner.proposer.by_length[-1] and most == 40
+    for _ in range(10):
+        odds.record(8, 8)
+    assert planner._plan(context, 100) >= 12
+    costs.by_rows = {n: float(n) for n in range(2, 20)}  # a row costs a step
+    assert planner._plan(context, 100) == 0 and odds.passing == speculative.FIRST_PAUSE
+    drafter = speculative.Speculator("self:1", speculative.SelfDraft(1, 0.9), gen, target.vocab_size, costs)
+    drafter.missed = True
+    assert drafter._plan(context, 100) == 0 and drafter.proposer.single.passing == speculative.LONGEST_PAUSE

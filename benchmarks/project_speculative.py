@@ -1,0 +1,86 @@
+"""Projects lookup speculation's decode speed-up on one model from the acceptance of another: the
+forward calls' times by row count, measured on COST_FILE (random weights do not change them), and the
+calls lookup makes on bench_speculative's tasks with a real TARGET (its greedy output, replayed).
+
+    python benchmarks/project_speculative.py COST_FILE [--target SOURCE] [--max-tokens 400] [--threads 2]
+
+The replay is exact: greedy speculation makes the plain output whatever it proposes, so feeding the
+plain output to pyllm.speculative's own lookup and round planner (with COST_FILE's measured costs by
+row count in place of its timings) gives the calls a speculative run would make, each with its rows.
+Projected speed-up = (tokens - 1) x the time of a one-row call / the sum of the calls' measured times.
+A projection, not a measurement: it leaves out the Python work of a round.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's pyllm
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import pyllm  # noqa: E402
+from pyllm import hub, speculative  # noqa: E402
+from pyllm.sampling import SamplingParams  # noqa: E402
+from bench_speculative import GEMMA_TURNS, call_times, tasks  # noqa: E402
+
+
+def replay(prompt: list[int], output: list[int], costs: speculative.Costs) -> list[int]:
+    """The rows of each forward call lookup speculation makes after the first token of output."""
+    gen = types.SimpleNamespace(sampler=types.SimpleNamespace(params=SamplingParams()))
+    planner = speculative.Speculator("lookup", speculative.PromptLookup(), gen, 0, costs)
+    made, calls = 1, []
+    while made < len(output):
+        context = prompt + output[:made]
+        k = planner._plan(context, len(output) - made)
+        drafts = planner.proposer.propose(context, k, None)[0] if k else []
+        taken = 0
+        while taken < len(drafts) and drafts[taken] == output[made + taken]:
+            taken += 1
+        if drafts:
+            planner._record(len(drafts), taken)
+        calls.append(1 + len(drafts))
+        made += taken + 1
+    return calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cost_file")
+    parser.add_argument("--target", default=None, help="default: SmolLM2-135M-Instruct Q4_1")
+    parser.add_argument("--max-tokens", type=int, default=400)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    timing = pyllm.load(args.cost_file, threads=args.threads)
+    times = call_times(timing, range(1, speculative.MAX_DRAFT + 2), repeats=args.repeats)
+    rows = np.array(sorted(times))
+    ratios = np.array([times[n] / times[1] for n in rows])
+    costs = speculative.Costs()
+    costs.step = times[1]
+    costs.row = float(np.dot(rows - 1, ratios - 1) / np.dot(rows - 1, rows - 1))
+    costs.by_rows = {int(n): float(r) for n, r in zip(rows, ratios) if n > 1}
+    print(f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, "
+          f"{args.threads} threads; load average {os.getloadavg()}")
+    print(f"- {os.path.basename(args.cost_file)}: one-row call {times[1] * 1e3:.1f} ms; n rows against one: "
+          + " ".join(f"{n}:{r:.2f}" for n, r in zip(rows, ratios)) + f"; fitted share per further row {costs.row:.3f}")
+    target = pyllm.load(args.target or hub.fetch_alias("smollm2", quiet=True), threads=args.threads)
+    print(f"- acceptance from {os.path.basename(target.source.rstrip('/'))}, greedy, {args.max_tokens} tokens at most")
+    print("| task | tokens | calls | rows in all | projected decode vs plain |")
+    print("|---|--:|--:|--:|--:|")
+    for task, messages in tasks().items():
+        template = None if target.tokenizer.chat_template else GEMMA_TURNS
+        ids = target.tokenizer.encode(target.render_chat(messages, chat_template=template), add_special=False)
+        output = target.generate(ids, max_tokens=args.max_tokens, speculative="lookup").token_ids
+        calls = replay(ids, output, costs)
+        spent = sum(times[n] for n in calls)
+        print(f"| {task} | {len(output)} | {len(calls)} | {sum(calls)} | "
+              f"{(len(output) - 1) * times[1] / spent:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
