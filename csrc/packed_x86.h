@@ -105,20 +105,25 @@ PX_TARGET static inline void store_rows(float *y, __m256 v, int64_t count) {
     }
 }
 
-/* Block b's share of the next tile's groups, pf_bytes of them per block (0: none). A tile reads its
- * G groups as G short streams side by side (a group of SmolLM2's q is 2,880 bytes), too short for
- * the hardware prefetcher to get ahead of: a single-row q4_1 GEMM read 10 GB/s from memory on one
- * core of machine C where a plain read gets 15-17. Walking the next tile's bytes in step with this
- * one's, one block's worth per block, keeps them a tile ahead: 14-18 GB/s on one core, 26 on two
- * (the plain read's 26.6 in the same minute; 15.9 before). */
+/* How far ahead of the block being read its bytes are prefetched: pf_bytes of them per block, from
+ * pf + b·pf_bytes (0: none). The matrix is read as one stream, group after group in memory order, and
+ * the hardware prefetcher alone falls behind on the packed blocks (a q6_K block's registers are read
+ * out of memory order; from memory, one row at a time, the packed q6_K kernel took 3.9 ns a block of 32
+ * without software prefetching against 0.9 for the row kernel). Two groups read side by side, with the
+ * next tile's bytes prefetched in step (this file before), read 14 GB/s on one core of machine D in a
+ * 3B model's decode where the one stream prefetched 1 KB ahead reads 21 (decode 7.0-7.5 → 10.6-11.0
+ * tok/s): near enough that its lines are still in L1 when read, far enough to cover the latency.
+ * Between 512 bytes and 3 KB the decode moved by less than the noise. */
+enum { STREAM_AHEAD = 1024 };
+
 PX_TARGET static inline void prefetch_next(const char *pf, int64_t pf_bytes, int64_t b) {
     for (int64_t c = 0; c < pf_bytes; c += 64) PL_PREFETCH(pf + b * pf_bytes + c);
 }
 
-/* The next `lines` lines of block b's share of the next tile (prefetch_next), from *next up to end:
- * the k-quants' tiles spread a block's share over its sub-blocks. Their 8-row blocks are long (two
- * q6_K groups' share is 53 lines a block), and one burst of 36-53 prefetches fills the core's miss
- * buffers and holds up its loads: spread, a single-row q6_K GEMM from memory takes 20-30% less time. */
+/* The next `lines` lines of block b's share of prefetching (prefetch_next), from *next up to end:
+ * the k-quants' tiles spread a block's share over its sub-blocks. Their 8-row blocks are long (a
+ * q6_K block is 27 lines), and one burst of prefetches fills the core's miss buffers and holds up its
+ * loads (measured with two groups' 53 lines a block: spread, a single-row q6_K GEMM took 20-30% less). */
 PX_TARGET static inline void prefetch_some(const char **next, const char *end, int lines) {
     for (int i = 0; i < lines && *next < end; i++, *next += 64) PL_PREFETCH(*next);
 }
@@ -597,27 +602,22 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
         }                                                                                                 \
     }
 
-/* NAME_part over TILE: one activation row with two groups at a time (the last alone), more in tiles
- * of 4 activation rows per group and one of the rest. The first tile over a group prefetches the
- * next groups of the range (prefetch_next). off: the rows' offsets, nb a row. */
+/* NAME_part over TILE: a group at a time in memory order, in tiles of 4 activation rows and one of
+ * the rest. The first tile over a group reads it from memory and prefetches STREAM_AHEAD bytes ahead,
+ * never past the range's last group; the others find it in cache. off: the rows' offsets, nb a row. */
 #define PACKED_GEMM_PART(NAME, BLOCK, TILE)                                                                 \
     PX_TARGET static void PX_NAME(NAME##_part)(const void *packed, int64_t nb, int64_t g0, int64_t g1,       \
                                                int64_t row_end, const char *x, int64_t xs, int n, float *y,   \
                                                int64_t ldy, const int32_t *off) {                             \
         const BLOCK *w = packed;                                                                          \
-        for (int64_t g = g0; g < g1;) {                                                                   \
+        const int64_t group_bytes = nb * (int64_t)sizeof(BLOCK);                                          \
+        for (int64_t g = g0; g < g1; g++) {                                                               \
             const BLOCK *wg = w + g * nb;                                                                 \
             float *yg = y + g * PL_PACK_ROWS;                                                             \
             int64_t left = row_end - g * PL_PACK_ROWS;                                                    \
-            int G = n == 1 && g + 1 < g1 ? 2 : 1;                                                         \
-            int64_t ahead = g1 - g - G < G ? g1 - g - G : G; /* groups of the next tile */                \
-            const char *pf = (const char *)(wg + G * nb);                                                 \
-            int64_t pf_bytes = ahead * (int64_t)sizeof(BLOCK);                                            \
-            if (G == 2) {                                                                                 \
-                TILE(wg, nb, 2, x, xs, 1, yg, ldy, left, pf, pf_bytes, off);                              \
-                g += 2;                                                                                   \
-                continue;                                                                                 \
-            }                                                                                             \
+            int64_t ahead = (g1 - g - 1) * group_bytes < STREAM_AHEAD ? (g1 - g - 1) * group_bytes : STREAM_AHEAD; \
+            const char *pf = (const char *)wg + ahead;                                                    \
+            int64_t pf_bytes = ahead ? (int64_t)sizeof(BLOCK) : 0;                                        \
             int t = 0;                                                                                    \
             for (; t + 4 <= n; t += 4, pf_bytes = 0)                                                      \
                 TILE(wg, nb, 1, x + t * xs, xs, 4, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb);  \
@@ -626,7 +626,6 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
             case 2: TILE(wg, nb, 1, x + t * xs, xs, 2, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
             case 1: TILE(wg, nb, 1, x + t * xs, xs, 1, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
             }                                                                                             \
-            g++;                                                                                          \
         }                                                                                                 \
     }
 
