@@ -105,16 +105,19 @@ PX_TARGET static inline void store_rows(float *y, __m256 v, int64_t count) {
     }
 }
 
-/* How far ahead of the block being read its bytes are prefetched: pf_bytes of them per block, from
- * pf + b·pf_bytes (0: none). The matrix is read as one stream, group after group in memory order, and
- * the hardware prefetcher alone falls behind on the packed blocks (a q6_K block's registers are read
- * out of memory order; from memory, one row at a time, the packed q6_K kernel took 3.9 ns a block of 32
- * without software prefetching against 0.9 for the row kernel). Two groups read side by side, with the
- * next tile's bytes prefetched in step (this file before), read 14 GB/s on one core of machine D in a
- * 3B model's decode where the one stream prefetched 1 KB ahead reads 21 (decode 7.0-7.5 → 10.6-11.0
- * tok/s): near enough that its lines are still in L1 when read, far enough to cover the latency.
- * Between 512 bytes and 3 KB the decode moved by less than the noise. */
-enum { STREAM_AHEAD = 1024 };
+/* Prefetching ahead of the block being read: pf_bytes per block, from pf + b·pf_bytes (0: none).
+ * With one or a few activation rows (decode, a batch of decode steps) the matrix is read once, as
+ * one stream, group after group in memory order, and the hardware prefetcher alone falls behind on
+ * the packed blocks (from memory, one row at a time, packed q6_K took 3.9 ns a block of 32 without
+ * software prefetching, the row kernel 0.9). Each block's bytes a fixed distance on are prefetched
+ * as it is read: STREAM_AHEAD_K for the k-quants' long blocks (1,152-1,680 bytes), STREAM_AHEAD for
+ * the others' (144-272). Measured on one core of machine D (AMD EPYC, AVX-512), decode tok/s of whole
+ * models over distances of 0.5-16 KB: a 3B Q4_K_M 7.0-7.5 (two groups side by side, the next two
+ * prefetched in step: this file before) → 11.3-12.1 at 1 KB, 10.3-10.7 at 4 KB; SmolLM2 Q4_1 (with
+ * q8_0) 223-226 → 241-247 at 1 KB, 252-279 at 4-8 KB; a 1B Q8_0 15.5 → 19.0 at 1 KB, 20.2-22.6 at
+ * 4-8 KB. With more rows a group is read by several tiles and the first prefetches the next group
+ * whole, in step. */
+enum { STREAM_AHEAD = 4096, STREAM_AHEAD_K = 1024 };
 
 PX_TARGET static inline void prefetch_next(const char *pf, int64_t pf_bytes, int64_t b) {
     for (int64_t c = 0; c < pf_bytes; c += 64) PL_PREFETCH(pf + b * pf_bytes + c);
@@ -603,9 +606,9 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
     }
 
 /* NAME_part over TILE: a group at a time in memory order, in tiles of 4 activation rows and one of
- * the rest. The first tile over a group reads it from memory and prefetches STREAM_AHEAD bytes ahead,
- * never past the range's last group; the others find it in cache. off: the rows' offsets, nb a row. */
-#define PACKED_GEMM_PART(NAME, BLOCK, TILE)                                                                 \
+ * the rest. The first tile over a group reads it from memory and prefetches: AHEAD bytes on for up
+ * to 4 rows, else the next group; never past the range's last group. off: the rows' offsets, nb a row. */
+#define PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD)                                                                 \
     PX_TARGET static void PX_NAME(NAME##_part)(const void *packed, int64_t nb, int64_t g0, int64_t g1,       \
                                                int64_t row_end, const char *x, int64_t xs, int n, float *y,   \
                                                int64_t ldy, const int32_t *off) {                             \
@@ -615,7 +618,8 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
             const BLOCK *wg = w + g * nb;                                                                 \
             float *yg = y + g * PL_PACK_ROWS;                                                             \
             int64_t left = row_end - g * PL_PACK_ROWS;                                                    \
-            int64_t ahead = (g1 - g - 1) * group_bytes < STREAM_AHEAD ? (g1 - g - 1) * group_bytes : STREAM_AHEAD; \
+            int64_t want = n <= 4 ? (AHEAD) : group_bytes, rest = (g1 - g - 1) * group_bytes;             \
+            int64_t ahead = rest < want ? rest : want;                                                    \
             const char *pf = (const char *)wg + ahead;                                                    \
             int64_t pf_bytes = ahead ? (int64_t)sizeof(BLOCK) : 0;                                        \
             int t = 0;                                                                                    \
@@ -629,17 +633,17 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
         }                                                                                                 \
     }
 
-#define PACKED_KERNEL(NAME, BLOCK, TILE, OFFSETS, NEEDS, SCALAR) \
-    PACKED_GEMM_PART(NAME, BLOCK, TILE)                         \
+#define PACKED_KERNEL(NAME, BLOCK, TILE, AHEAD, OFFSETS, NEEDS, SCALAR) \
+    PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD)                         \
     PACKED_GEMM(NAME, OFFSETS, NEEDS, SCALAR)
 
-PACKED_KERNEL(gemm_q4_0x8, pl_block_q4_0x8, q4_0_tile, q4_0_offsets, 1, pl_gemm_q4_0x8_scalar)
-PACKED_KERNEL(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, no_offsets, 0, pl_gemm_q4_1x8_scalar)
-PACKED_KERNEL(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
-PACKED_KERNEL(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, no_offsets, 0, pl_gemm_q8_0x8_scalar)
-PACKED_KERNEL(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, no_offsets, 0, pl_gemm_q4_Kx8_scalar)
-PACKED_KERNEL(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, no_offsets, 0, pl_gemm_q5_Kx8_scalar)
-PACKED_KERNEL(gemm_q6_Kx8, pl_block_q6_Kx8, q6_K_tile, no_offsets, 0, pl_gemm_q6_Kx8_scalar)
+PACKED_KERNEL(gemm_q4_0x8, pl_block_q4_0x8, q4_0_tile, STREAM_AHEAD, q4_0_offsets, 1, pl_gemm_q4_0x8_scalar)
+PACKED_KERNEL(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, STREAM_AHEAD, no_offsets, 0, pl_gemm_q4_1x8_scalar)
+PACKED_KERNEL(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, STREAM_AHEAD, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
+PACKED_KERNEL(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, STREAM_AHEAD, no_offsets, 0, pl_gemm_q8_0x8_scalar)
+PACKED_KERNEL(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, STREAM_AHEAD_K, no_offsets, 0, pl_gemm_q4_Kx8_scalar)
+PACKED_KERNEL(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, STREAM_AHEAD_K, no_offsets, 0, pl_gemm_q5_Kx8_scalar)
+PACKED_KERNEL(gemm_q6_Kx8, pl_block_q6_Kx8, q6_K_tile, STREAM_AHEAD_K, no_offsets, 0, pl_gemm_q6_Kx8_scalar)
 
 int PX_NAME(pl_install_packed)(void) {
     pl_packed.q4_0 = PX_NAME(gemm_q4_0x8);
