@@ -12,10 +12,12 @@
  * accumulated with one fmadd per lane: the scalar reference's operations, lane by lane, in its
  * order. Nothing is reduced across lanes.
  *
- * A tile is G row groups × T activation rows: the weight chunks are loaded and unpacked once per
+ * A tile is one row group × T activation rows: the weight chunks are loaded and unpacked once per
  * tile, each activation dword broadcast once per tile. T = 4 for a batch (the weights of a group
- * stay in L1 while the activation rows stream past; more rows spill); for one activation row two
- * groups at a time, so that two chains of fmadd overlap.
+ * stay in L1 while the activation rows stream past; more rows spill). With one activation row the
+ * groups are read one after the other, in memory order, as one stream (see STREAM_AHEAD): two groups
+ * side by side per tile shared each broadcast between them (10-28% less compute in L2) but read two
+ * streams, and a decode from memory ran 1.5x slower.
  */
 #ifndef PX_TARGET
 #error "packed_x86.h is included by packed_avx2.c, packed_vnni.c and packed_avxvnni.c after they define PX_TARGET"
@@ -32,7 +34,7 @@
 #define PX_CAT(a, b) PX_CAT_(a, b)
 #define PX_NAME(name) PX_CAT(name, PX_SUFFIX)
 
-/* Each tile inlined with its G and T constant and its loops unrolled, so that its accumulators
+/* Each tile inlined with its T constant and its loops unrolled, so that its accumulators
  * live in registers rather than arrays in memory. */
 #if defined(_MSC_VER) && !defined(__clang__)
 #define ALWAYS_INLINE __forceinline
@@ -133,101 +135,84 @@ PX_TARGET static inline void prefetch_some(const char **next, const char *end, i
 
 /* ================================================================ q4_1 × q8_1 */
 
-/* Groups w, w + nb, … (G of them) against activation rows x, x + xs, … (T): y[t·ldy + 8j + r].
- * rows_left: the valid rows from the first group on. The mins' share m·s needs neither the quants
+/* The group w against activation rows x, x + xs, … (T of them): y[t·ldy + r].
+ * rows_left: the group's valid rows (8 or more: all). The mins' share m·s needs neither the quants
  * nor the integer sums: it runs as a second, short loop, which keeps the main one within the 16
  * registers. Each maddubs lane is at most 2·15·127 in magnitude, so the 8 of a block (4 chunks, low
  * and high nibbles) add up in i16 (≤ 30480) before the one pair_sums. */
-PX_TARGET static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t nb, const int G, const char *x,
+PX_TARGET static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     (void)off;
     const __m256i low4 = _mm256_set1_epi8(0x0F);
-    __m256 sd[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    __m256 sd[4];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
-        __m256i p[2][4];
+        __m256i p[4];
         UNROLLED for (int k = 0; k < 4; k++) {
-            __m256i lo[2], hi[2];
-            UNROLLED for (int j = 0; j < G; j++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
-                lo[j] = _mm256_and_si256(v, low4);
-                hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-            }
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k));
+            __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
                 __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
-                UNROLLED for (int j = 0; j < G; j++) {
-                    __m256i q = pair_dot(lo[j], xl, hi[j], xh);
-                    p[j][t] = k == 0 ? q : pair_add(p[j][t], q);
-                    IN_ORDER(p[j][t]);
-                }
+                __m256i q = pair_dot(lo, xl, hi, xh);
+                p[t] = k == 0 ? q : pair_add(p[t], q);
+                IN_ORDER(p[t]);
             }
         }
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
-                __m256 isum = _mm256_cvtepi32_ps(pair_widen(p[j][t]));
-                sd[j][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), sd[j][t]);
-            }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+            __m256 isum = _mm256_cvtepi32_ps(pair_widen(p[t]));
+            sd[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), sd[t]);
         }
     }
-    __m256 sm[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sm[j][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++)
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].m));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
-                sm[j][t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), sm[j][t]);
-            }
+    __m256 sm[4];
+    UNROLLED for (int t = 0; t < T; t++) sm[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].m));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+            sm[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), sm[t]);
         }
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
-        store_rows(y + t * ldy + j * PL_PACK_ROWS, _mm256_add_ps(sd[j][t], sm[j][t]), rows_left - j * PL_PACK_ROWS);
+    }
+    UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy, _mm256_add_ps(sd[t], sm[t]), rows_left);
 }
 
 /* ================================================================ q8_0 × q8_0 */
 
 /* As q4_1_tile, the signs moved onto the activations (maddubs multiplies unsigned by signed):
  * |w|·sign(x, w). Pairs reach 2·128·127, so each maddubs goes to i32 through its own madd. */
-PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const int G, const char *x,
+PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     (void)off;
-    __m256 sd[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    __m256 sd[4];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
-        __m256i acc[2][4];
+        __m256i acc[4];
         UNROLLED for (int k = 0; k < 8; k++) {
-            __m256i v[2], av[2];
-            UNROLLED for (int j = 0; j < G; j++) {
-                v[j] = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
-                av[j] = _mm256_sign_epi8(v[j], v[j]);
-            }
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k)), av = _mm256_sign_epi8(v, v);
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
                 __m256i xd = dword_bcast(xb->qs + 4 * k);
-                UNROLLED for (int j = 0; j < G; j++) {
-                    __m256i q = signed_dot(av[j], _mm256_sign_epi8(xd, v[j]));
-                    acc[j][t] = k == 0 ? q : _mm256_add_epi32(acc[j][t], q);
-                    IN_ORDER(acc[j][t]);
-                }
+                __m256i q = signed_dot(av, _mm256_sign_epi8(xd, v));
+                acc[t] = k == 0 ? q : _mm256_add_epi32(acc[t], q);
+                IN_ORDER(acc[t]);
             }
         }
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
-                __m256 isum = _mm256_cvtepi32_ps(acc[j][t]);
-                sd[j][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d))), sd[j][t]);
-            }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+            __m256 isum = _mm256_cvtepi32_ps(acc[t]);
+            sd[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d))), sd[t]);
         }
     }
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
-        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
+    UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy, sd[t], rows_left);
 }
 
 /* ================================================================ q4_0 × q8_0 */
@@ -235,44 +220,36 @@ PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t 
 /* As q4_1_tile's quants, without the mins: the −8 of every element comes off the block's integer
  * sum as off[t·nb + b] (q4_0_offsets), the start of its sum. The 8 maddubs lanes of a block add up
  * in i16 (≤ 30720, as q4_1's) before the one pair_widen. */
-PX_TARGET static ALWAYS_INLINE void q4_0_tile(const pl_block_q4_0x8 *w, int64_t nb, const int G, const char *x,
+PX_TARGET static ALWAYS_INLINE void q4_0_tile(const pl_block_q4_0x8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
-    __m256 sd[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    __m256 sd[4];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
-        __m256i p[2][4];
+        __m256i p[4];
         UNROLLED for (int k = 0; k < 4; k++) {
-            __m256i lo[2], hi[2];
-            UNROLLED for (int j = 0; j < G; j++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
-                lo[j] = _mm256_and_si256(v, low4);
-                hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-            }
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k));
+            __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
                 __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
-                UNROLLED for (int j = 0; j < G; j++) {
-                    __m256i q = pair_dot(lo[j], xl, hi[j], xh);
-                    p[j][t] = k == 0 ? q : pair_add(p[j][t], q);
-                    IN_ORDER(p[j][t]);
-                }
+                __m256i q = pair_dot(lo, xl, hi, xh);
+                p[t] = k == 0 ? q : pair_add(p[t], q);
+                IN_ORDER(p[t]);
             }
         }
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
-                __m256i isum = _mm256_add_epi32(_mm256_set1_epi32(off[t * nb + b]), pair_widen(p[j][t]));
-                __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d)));
-                sd[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, sd[j][t]);
-            }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+            __m256i isum = _mm256_add_epi32(_mm256_set1_epi32(off[t * nb + b]), pair_widen(p[t]));
+            __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d)));
+            sd[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, sd[t]);
         }
     }
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
-        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
+    UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy, sd[t], rows_left);
 }
 
 /* ================================================================ q5_0 × q8_0 */
@@ -306,58 +283,51 @@ PX_TARGET static void q5_0_offsets(const char *x, int64_t xs, int64_t nb, int ro
  * comes off the block's integer sum as off[t·nb + b] (q5_0_offsets), an exact int32 shared by the 8
  * rows. A maddubs lane is at most 2·31·128 = 7936 in magnitude: 4 of them (two chunks, low and high
  * elements) add up in i16 (≤ 31744), so a block is two i16 partial sums, each widened by pair_sums. */
-PX_TARGET static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t nb, const int G, const char *x,
+PX_TARGET static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
-    __m256 sd[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    __m256 sd[4];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
-        __m256i acc[2][4], qh[2];
-        UNROLLED for (int j = 0; j < G; j++) qh[j] = _mm256_loadu_si256((const __m256i *)w[j * nb + b].qh);
+        __m256i acc[4], qh;
+        qh = _mm256_loadu_si256((const __m256i *)w[b].qh);
         UNROLLED for (int t = 0; t < T; t++) {
             __m256i start = _mm256_set1_epi32(off[t * nb + b]);
-            UNROLLED for (int j = 0; j < G; j++) acc[j][t] = start;
+            acc[t] = start;
         }
         UNROLLED for (int half = 0; half < 2; half++) {
-            __m256i p[2][4];
+            __m256i p[4];
             UNROLLED for (int kk = 0; kk < 2; kk++) {
                 const int k = 2 * half + kk;
-                __m256i lo[2], hi[2];
-                UNROLLED for (int j = 0; j < G; j++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
-                    /* bit k (4 + k) of each qh byte to bit 4; what the 16-bit shifts carry in from the
-                     * neighbouring byte lands below (above) bit 4 and is masked off */
-                    __m256i hl = _mm256_and_si256(_mm256_slli_epi16(qh[j], 4 - k), bit4);
-                    __m256i hh = _mm256_and_si256(k ? _mm256_srli_epi16(qh[j], k) : qh[j], bit4);
-                    lo[j] = _mm256_or_si256(_mm256_and_si256(v, low4), hl);
-                    hi[j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), hh);
-                }
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k));
+                /* bit k (4 + k) of each qh byte to bit 4; what the 16-bit shifts carry in from the
+                 * neighbouring byte lands below (above) bit 4 and is masked off */
+                __m256i hl = _mm256_and_si256(_mm256_slli_epi16(qh, 4 - k), bit4);
+                __m256i hh = _mm256_and_si256(k ? _mm256_srli_epi16(qh, k) : qh, bit4);
+                __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low4), hl);
+                __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), hh);
                 UNROLLED for (int t = 0; t < T; t++) {
                     const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
                     __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
-                    UNROLLED for (int j = 0; j < G; j++) {
-                        __m256i q = pair_dot(lo[j], xl, hi[j], xh);
-                        p[j][t] = kk == 0 ? q : pair_add(p[j][t], q);
-                        IN_ORDER(p[j][t]);
-                    }
+                    __m256i q = pair_dot(lo, xl, hi, xh);
+                    p[t] = kk == 0 ? q : pair_add(p[t], q);
+                    IN_ORDER(p[t]);
                 }
             }
-            UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
-                acc[j][t] = _mm256_add_epi32(acc[j][t], pair_widen(p[j][t]));
+            UNROLLED for (int t = 0; t < T; t++)
+                acc[t] = _mm256_add_epi32(acc[t], pair_widen(p[t]));
         }
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
-                __m256 isum = _mm256_cvtepi32_ps(acc[j][t]);
-                sd[j][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d))), sd[j][t]);
-            }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+            __m256 isum = _mm256_cvtepi32_ps(acc[t]);
+            sd[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d))), sd[t]);
         }
     }
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
-        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
+    UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy, sd[t], rows_left);
 }
 
 /* ================================================================ q4_K × q8_K */
@@ -401,100 +371,91 @@ PX_TARGET static inline void k4_bsum_pairs(const pl_block_q8_K *x, __m256i pairs
  * q5_K (five): the same on blocks of bs bytes, each a q4_Kx8 block and the fifth bits, bit j of qh
  * register k moved onto bit 4 of register (c, k)'s nibbles. A maddubs lane then reaches 2·31·128,
  * so 4 add up in i16 (≤ 31744) and a sub-block takes two madds by its scales. */
-PX_TARGET static ALWAYS_INLINE void k4_tile(const char *w, const int64_t bs, const int five, int64_t nb, const int G,
+PX_TARGET static ALWAYS_INLINE void k4_tile(const char *w, const int64_t bs, const int five, int64_t nb,
                                             const char *x, int64_t xs, const int T, float *y, int64_t ldy,
                                             int64_t rows_left, const char *pf, int64_t pf_bytes) {
-#define KB(j, b) ((const pl_block_q4_Kx8 *)(w + ((j) * nb + (b)) * bs))
+#define KB(b) ((const pl_block_q4_Kx8 *)(w + (b) * bs))
     const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
     const int span = five ? 4 : 8; /* registers summed in i16 before a madd */
-    __m256 sd[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    __m256 sd[4];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *next = pf + b * pf_bytes, *end = next + pf_bytes;
-        __m256i isum[2][4], sc[2][2];
-        UNROLLED for (int j = 0; j < G; j++) {
-            k4x8_words(KB(j, b), &sc[j][0], &sc[j][1], 0);
-            UNROLLED for (int t = 0; t < T; t++) isum[j][t] = _mm256_setzero_si256();
-        }
+        __m256i isum[4], sc[2];
+        k4x8_words(KB(b), &sc[0], &sc[1], 0);
+        UNROLLED for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
         UNROLLED for (int sub = 0; sub < 8; sub++) {
             const int c = sub / 2, h = sub % 2;
-            prefetch_some(&next, end, five ? 6 : 5); /* 8 · 5 lines cover two q4_K groups' 36, 8 · 6 two q5_K's 44 */
-            __m256i p[2][4], scale[2];
-            UNROLLED for (int j = 0; j < G; j++) scale[j] = _mm256_shuffle_epi8(sc[j][sub / 4], BYTE_BOTH_HALVES(sub % 4));
+            /* a q4_K block's 18 lines (q5_K's 22) in its first 4 sub-blocks: spread over all 8 (3 a
+             * sub-block), a 3B's decode ran 3-7% slower on one core */
+            prefetch_some(&next, end, five ? 6 : 5);
+            __m256i p[4], scale = _mm256_shuffle_epi8(sc[sub / 4], BYTE_BOTH_HALVES(sub % 4));
             UNROLLED for (int k = 0; k < 8; k++) {
-                __m256i q[2];
-                UNROLLED for (int j = 0; j < G; j++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(KB(j, b)->qs + 256 * c + 32 * k));
-                    q[j] = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, low4);
-                    if (five) {
-                        /* bit sub of each qh byte to bit 4; what the 16-bit shifts carry across bytes
-                         * lands below (left) or above (right) bit 4 and is masked off */
-                        __m256i hb = _mm256_loadu_si256((const __m256i *)(((const pl_block_q5_Kx8 *)KB(j, b))->qh + 32 * k));
-                        hb = sub < 4 ? _mm256_slli_epi16(hb, 4 - sub) : sub > 4 ? _mm256_srli_epi16(hb, sub - 4) : hb;
-                        q[j] = _mm256_or_si256(q[j], _mm256_and_si256(hb, bit4));
-                    }
+                __m256i v = _mm256_loadu_si256((const __m256i *)(KB(b)->qs + 256 * c + 32 * k));
+                __m256i q = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, low4);
+                if (five) {
+                    /* bit sub of each qh byte to bit 4; what the 16-bit shifts carry across bytes
+                     * lands below (left) or above (right) bit 4 and is masked off */
+                    __m256i hb = _mm256_loadu_si256((const __m256i *)(((const pl_block_q5_Kx8 *)KB(b))->qh + 32 * k));
+                    hb = sub < 4 ? _mm256_slli_epi16(hb, 4 - sub) : sub > 4 ? _mm256_srli_epi16(hb, sub - 4) : hb;
+                    q = _mm256_or_si256(q, _mm256_and_si256(hb, bit4));
                 }
                 UNROLLED for (int t = 0; t < T; t++) {
                     const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
                     __m256i xd = dword_bcast(xb->qs + 64 * c + 32 * h + 4 * k);
-                    UNROLLED for (int j = 0; j < G; j++) {
-                        __m256i prod = _mm256_maddubs_epi16(q[j], xd);
-                        p[j][t] = k % span == 0 ? prod : _mm256_add_epi16(p[j][t], prod);
-                        IN_ORDER(p[j][t]);
-                        if (k % span == span - 1)
-                            isum[j][t] = _mm256_add_epi32(isum[j][t], _mm256_madd_epi16(p[j][t], scale[j]));
-                    }
+                    __m256i prod = _mm256_maddubs_epi16(q, xd);
+                    p[t] = k % span == 0 ? prod : _mm256_add_epi16(p[t], prod);
+                    IN_ORDER(p[t]);
+                    if (k % span == span - 1)
+                        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p[t], scale));
                 }
             }
         }
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)KB(j, b)->d));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
-                __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
-                sd[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][t]), scale, sd[j][t]);
-            }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)KB(b)->d));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+            __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
+            sd[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), scale, sd[t]);
         }
     }
     /* imin: the mins' bytes of each word as i16 pairs (bytes 0, 2 and 1, 3) against the matching
      * pairs of sub-block sums */
     const __m256i even = _mm256_set1_epi32(0x00FF00FF);
-    __m256 sm[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sm[j][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++)
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256i mn[2];
-            k4x8_words(KB(j, b), &mn[0], &mn[1], 1);
-            __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)KB(j, b)->dmin));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
-                __m256i pairs[4];
-                k4_bsum_pairs(xb, pairs);
-                __m256i imin = _mm256_madd_epi16(_mm256_and_si256(mn[0], even), pairs[0]);
-                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_srli_epi16(mn[0], 8), pairs[1]));
-                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_and_si256(mn[1], even), pairs[2]));
-                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_srli_epi16(mn[1], 8), pairs[3]));
-                __m256 scale = _mm256_mul_ps(dmin, _mm256_set1_ps(xb->d));
-                sm[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), scale, sm[j][t]);
-            }
+    __m256 sm[4];
+    UNROLLED for (int t = 0; t < T; t++) sm[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i mn[2];
+        k4x8_words(KB(b), &mn[0], &mn[1], 1);
+        __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)KB(b)->dmin));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+            __m256i pairs[4];
+            k4_bsum_pairs(xb, pairs);
+            __m256i imin = _mm256_madd_epi16(_mm256_and_si256(mn[0], even), pairs[0]);
+            imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_srli_epi16(mn[0], 8), pairs[1]));
+            imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_and_si256(mn[1], even), pairs[2]));
+            imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_srli_epi16(mn[1], 8), pairs[3]));
+            __m256 scale = _mm256_mul_ps(dmin, _mm256_set1_ps(xb->d));
+            sm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), scale, sm[t]);
         }
+    }
 #undef KB
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
-        store_rows(y + t * ldy + j * PL_PACK_ROWS, _mm256_sub_ps(sd[j][t], sm[j][t]), rows_left - j * PL_PACK_ROWS);
+    UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy, _mm256_sub_ps(sd[t], sm[t]), rows_left);
 }
 
-PX_TARGET static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const int G, const char *x,
+PX_TARGET static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     (void)off;
-    k4_tile((const char *)w, (int64_t)sizeof *w, 0, nb, G, x, xs, T, y, ldy, rows_left, pf, pf_bytes);
+    k4_tile((const char *)w, (int64_t)sizeof *w, 0, nb, x, xs, T, y, ldy, rows_left, pf, pf_bytes);
 }
 
-PX_TARGET static ALWAYS_INLINE void q5_K_tile(const pl_block_q5_Kx8 *w, int64_t nb, const int G, const char *x,
+PX_TARGET static ALWAYS_INLINE void q5_K_tile(const pl_block_q5_Kx8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     (void)off;
-    k4_tile((const char *)w, (int64_t)sizeof *w, 1, nb, G, x, xs, T, y, ldy, rows_left, pf, pf_bytes);
+    k4_tile((const char *)w, (int64_t)sizeof *w, 1, nb, x, xs, T, y, ldy, rows_left, pf, pf_bytes);
 }
 
 /* ================================================================ q6_K × q8_K */
@@ -508,71 +469,61 @@ PX_TARGET static inline __m256i q6_scale_pairs(const pl_block_q6_Kx8 *b, int s0,
 /* Sub-block by sub-block as q4_K_tile, the 6-bit values completed from qh: a maddubs lane reaches
  * 2·63·128, so two registers' products add up in i16 (≤ 32256) before each madd by the rows'
  * scales. The −32 of every element comes in as −32·Σ_s sc_s·bsums[s], exact, the block's start. */
-PX_TARGET static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t nb, const int G, const char *x,
+PX_TARGET static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     (void)off;
     const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
-    __m256 sd[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    __m256 sd[4];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *next = pf + b * pf_bytes, *end = next + pf_bytes;
-        __m256i isum[2][4];
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256i corr[4];
-            UNROLLED for (int t = 0; t < T; t++) corr[t] = _mm256_setzero_si256();
-            UNROLLED for (int m = 0; m < 8; m++) {
-                __m256i pairs = q6_scale_pairs(&w[j * nb + b], 2 * m, 2 * m + 1);
-                UNROLLED for (int t = 0; t < T; t++) {
-                    const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
-                    __m256i bsums = dword_bcast((const int8_t *)(xb->bsums + 2 * m)); /* bsums 2m, 2m + 1 */
-                    corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(pairs, bsums));
-                }
+        __m256i isum[4];
+        __m256i corr[4];
+        UNROLLED for (int t = 0; t < T; t++) corr[t] = _mm256_setzero_si256();
+        UNROLLED for (int m = 0; m < 8; m++) {
+            __m256i pairs = q6_scale_pairs(&w[b], 2 * m, 2 * m + 1);
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                __m256i bsums = dword_bcast((const int8_t *)(xb->bsums + 2 * m)); /* bsums 2m, 2m + 1 */
+                corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(pairs, bsums));
             }
-            UNROLLED for (int t = 0; t < T; t++)
-                isum[j][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr[t], 5));
         }
+        UNROLLED for (int t = 0; t < T; t++)
+            isum[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr[t], 5));
         /* two loops of 8: GCC would not unroll one of 16 */
         UNROLLED for (int h = 0; h < 2; h++) UNROLLED for (int s8 = 0; s8 < 8; s8++) {
             const int s = 8 * h + s8, high = s8 / 4, p = s8 % 4 / 2, kq = s8 % 2;
-            prefetch_some(&next, end, 4); /* 16 · 4 lines cover two q6_K groups' 53 */
-            __m256i acc[2][4], scale[2];
-            UNROLLED for (int j = 0; j < G; j++) scale[j] = q6_scale_pairs(&w[j * nb + b], s, s);
+            prefetch_some(&next, end, 4); /* a block's 27 lines in its first 7 of 16 sub-blocks, as q4_K's */
+            __m256i acc[4], scale = q6_scale_pairs(&w[b], s, s);
             UNROLLED for (int kk = 0; kk < 4; kk++) {
                 const int k = 4 * kq + kk;
-                __m256i q[2];
-                UNROLLED for (int j = 0; j < G; j++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].ql + 256 * (2 * h + p) + 32 * k));
-                    __m256i hb = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qh + 256 * h + 32 * k));
-                    /* bits 2p (4 + 2p) of qh to bits 4, 5; what the 16-bit shifts carry across bytes is masked off */
-                    q[j] = high ? _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
-                                                  _mm256_and_si256(p ? _mm256_srli_epi16(hb, 2) : hb, top2))
-                                : _mm256_or_si256(_mm256_and_si256(v, low4),
-                                                  _mm256_and_si256(_mm256_slli_epi16(hb, 4 - 2 * p), top2));
-                }
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].ql + 256 * (2 * h + p) + 32 * k));
+                __m256i hb = _mm256_loadu_si256((const __m256i *)(w[b].qh + 256 * h + 32 * k));
+                /* bits 2p (4 + 2p) of qh to bits 4, 5; what the 16-bit shifts carry across bytes is masked off */
+                __m256i q = high ? _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                                                   _mm256_and_si256(p ? _mm256_srli_epi16(hb, 2) : hb, top2))
+                                 : _mm256_or_si256(_mm256_and_si256(v, low4),
+                                                   _mm256_and_si256(_mm256_slli_epi16(hb, 4 - 2 * p), top2));
                 UNROLLED for (int t = 0; t < T; t++) {
                     const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
                     __m256i xd = dword_bcast(xb->qs + 128 * h + 64 * high + 32 * p + 4 * k);
-                    UNROLLED for (int j = 0; j < G; j++) {
-                        __m256i prod = _mm256_maddubs_epi16(q[j], xd);
-                        acc[j][t] = kk % 2 == 0 ? prod : _mm256_add_epi16(acc[j][t], prod);
-                        IN_ORDER(acc[j][t]);
-                        if (kk % 2) isum[j][t] = _mm256_add_epi32(isum[j][t], _mm256_madd_epi16(acc[j][t], scale[j]));
-                    }
+                    __m256i prod = _mm256_maddubs_epi16(q, xd);
+                    acc[t] = kk % 2 == 0 ? prod : _mm256_add_epi16(acc[t], prod);
+                    IN_ORDER(acc[t]);
+                    if (kk % 2) isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(acc[t], scale));
                 }
             }
         }
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
-                __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
-                sd[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][t]), sc, sd[j][t]);
-            }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+            __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
+            sd[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), sc, sd[t]);
         }
     }
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
-        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
+    UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy, sd[t], rows_left);
 }
 
 /* Ints of stack for the activation offsets of a call (q4_0_offsets, q5_0_offsets): 32 KiB, rows of them at a time. */
@@ -624,11 +575,11 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
             int64_t pf_bytes = ahead ? (int64_t)sizeof(BLOCK) : 0;                                        \
             int t = 0;                                                                                    \
             for (; t + 4 <= n; t += 4, pf_bytes = 0)                                                      \
-                TILE(wg, nb, 1, x + t * xs, xs, 4, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb);  \
+                TILE(wg, nb, x + t * xs, xs, 4, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb);  \
             switch (n - t) {                                                                              \
-            case 3: TILE(wg, nb, 1, x + t * xs, xs, 3, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
-            case 2: TILE(wg, nb, 1, x + t * xs, xs, 2, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
-            case 1: TILE(wg, nb, 1, x + t * xs, xs, 1, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
+            case 3: TILE(wg, nb, x + t * xs, xs, 3, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
+            case 2: TILE(wg, nb, x + t * xs, xs, 2, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
+            case 1: TILE(wg, nb, x + t * xs, xs, 1, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
             }                                                                                             \
         }                                                                                                 \
     }
