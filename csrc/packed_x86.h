@@ -12,10 +12,12 @@
  * accumulated with one fmadd per lane: the scalar reference's operations, lane by lane, in its
  * order. Nothing is reduced across lanes.
  *
- * A tile is G row groups × T activation rows: the weight chunks are loaded and unpacked once per
+ * A tile is one row group × T activation rows: the weight chunks are loaded and unpacked once per
  * tile, each activation dword broadcast once per tile. T = 4 for a batch (the weights of a group
- * stay in L1 while the activation rows stream past; more rows spill); for one activation row two
- * groups at a time, so that two chains of fmadd overlap.
+ * stay in L1 while the activation rows stream past; more rows spill). With one activation row the
+ * groups are read one after the other, in memory order, as one stream (see STREAM_AHEAD): two groups
+ * side by side per tile shared each broadcast between them (10-28% less compute in L2) but read two
+ * streams, and a decode from memory ran 1.5x slower.
  */
 #ifndef PX_TARGET
 #error "packed_x86.h is included by packed_avx2.c, packed_vnni.c and packed_avxvnni.c after they define PX_TARGET"
@@ -32,7 +34,7 @@
 #define PX_CAT(a, b) PX_CAT_(a, b)
 #define PX_NAME(name) PX_CAT(name, PX_SUFFIX)
 
-/* Each tile inlined with its G and T constant and its loops unrolled, so that its accumulators
+/* Each tile inlined with its T constant and its loops unrolled, so that its accumulators
  * live in registers rather than arrays in memory. */
 #if defined(_MSC_VER) && !defined(__clang__)
 #define ALWAYS_INLINE __forceinline
@@ -105,121 +107,112 @@ PX_TARGET static inline void store_rows(float *y, __m256 v, int64_t count) {
     }
 }
 
-/* Block b's share of the next tile's groups, pf_bytes of them per block (0: none). A tile reads its
- * G groups as G short streams side by side (a group of SmolLM2's q is 2,880 bytes), too short for
- * the hardware prefetcher to get ahead of: a single-row q4_1 GEMM read 10 GB/s from memory on one
- * core of machine C where a plain read gets 15-17. Walking the next tile's bytes in step with this
- * one's, one block's worth per block, keeps them a tile ahead: 14-18 GB/s on one core, 26 on two
- * (the plain read's 26.6 in the same minute; 15.9 before). */
+/* Prefetching ahead of the block being read: pf_bytes per block, from pf + b·pf_bytes (0: none).
+ * With one or a few activation rows (decode, a batch of decode steps) the matrix is read once, as
+ * one stream, group after group in memory order, and the hardware prefetcher alone falls behind on
+ * the packed blocks (from memory, one row at a time, packed q6_K took 3.9 ns a block of 32 without
+ * software prefetching, the row kernel 0.9). Each block's bytes a fixed distance on are prefetched
+ * as it is read: STREAM_AHEAD_K for the k-quants' long blocks (1,152-1,680 bytes), STREAM_AHEAD for
+ * the others' (144-272). Measured on one core of machine D (AMD EPYC, AVX-512), decode tok/s of whole
+ * models over distances of 0.5-16 KB: a 3B Q4_K_M 7.0-7.5 (two groups side by side, the next two
+ * prefetched in step: this file before) → 11.3-12.1 at 1 KB, 10.3-10.7 at 4 KB; SmolLM2 Q4_1 (with
+ * q8_0) 223-226 → 241-247 at 1 KB, 252-279 at 4-8 KB; a 1B Q8_0 15.5 → 19.0 at 1 KB, 20.2-22.6 at
+ * 4-8 KB. With more rows a group is read by several tiles and the first prefetches the next group
+ * whole, in step. */
+enum { STREAM_AHEAD = 4096, STREAM_AHEAD_K = 1024 };
+
 PX_TARGET static inline void prefetch_next(const char *pf, int64_t pf_bytes, int64_t b) {
     for (int64_t c = 0; c < pf_bytes; c += 64) PL_PREFETCH(pf + b * pf_bytes + c);
 }
 
-/* The next `lines` lines of block b's share of the next tile (prefetch_next), from *next up to end:
- * the k-quants' tiles spread a block's share over its sub-blocks. Their 8-row blocks are long (two
- * q6_K groups' share is 53 lines a block), and one burst of 36-53 prefetches fills the core's miss
- * buffers and holds up its loads: spread, a single-row q6_K GEMM from memory takes 20-30% less time. */
+/* The next `lines` lines of block b's share of prefetching (prefetch_next), from *next up to end:
+ * the k-quants' tiles spread a block's share over its sub-blocks. Their 8-row blocks are long (a
+ * q6_K block is 27 lines), and one burst of prefetches fills the core's miss buffers and holds up its
+ * loads (measured with two groups' 53 lines a block: spread, a single-row q6_K GEMM took 20-30% less). */
 PX_TARGET static inline void prefetch_some(const char **next, const char *end, int lines) {
     for (int i = 0; i < lines && *next < end; i++, *next += 64) PL_PREFETCH(*next);
 }
 
 /* ================================================================ q4_1 × q8_1 */
 
-/* Groups w, w + nb, … (G of them) against activation rows x, x + xs, … (T): y[t·ldy + 8j + r].
- * rows_left: the valid rows from the first group on. The mins' share m·s needs neither the quants
+/* The group w against activation rows x, x + xs, … (T of them): y[t·ldy + r].
+ * rows_left: the group's valid rows (8 or more: all). The mins' share m·s needs neither the quants
  * nor the integer sums: it runs as a second, short loop, which keeps the main one within the 16
  * registers. Each maddubs lane is at most 2·15·127 in magnitude, so the 8 of a block (4 chunks, low
  * and high nibbles) add up in i16 (≤ 30480) before the one pair_sums. */
-PX_TARGET static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t nb, const int G, const char *x,
+PX_TARGET static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     (void)off;
     const __m256i low4 = _mm256_set1_epi8(0x0F);
-    __m256 sd[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    __m256 sd[4];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
-        __m256i p[2][4];
+        __m256i p[4];
         UNROLLED for (int k = 0; k < 4; k++) {
-            __m256i lo[2], hi[2];
-            UNROLLED for (int j = 0; j < G; j++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
-                lo[j] = _mm256_and_si256(v, low4);
-                hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-            }
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k));
+            __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
                 __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
-                UNROLLED for (int j = 0; j < G; j++) {
-                    __m256i q = pair_dot(lo[j], xl, hi[j], xh);
-                    p[j][t] = k == 0 ? q : pair_add(p[j][t], q);
-                    IN_ORDER(p[j][t]);
-                }
+                __m256i q = pair_dot(lo, xl, hi, xh);
+                p[t] = k == 0 ? q : pair_add(p[t], q);
+                IN_ORDER(p[t]);
             }
         }
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
-                __m256 isum = _mm256_cvtepi32_ps(pair_widen(p[j][t]));
-                sd[j][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), sd[j][t]);
-            }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+            __m256 isum = _mm256_cvtepi32_ps(pair_widen(p[t]));
+            sd[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), sd[t]);
         }
     }
-    __m256 sm[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sm[j][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++)
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].m));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
-                sm[j][t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), sm[j][t]);
-            }
+    __m256 sm[4];
+    UNROLLED for (int t = 0; t < T; t++) sm[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].m));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+            sm[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), sm[t]);
         }
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
-        store_rows(y + t * ldy + j * PL_PACK_ROWS, _mm256_add_ps(sd[j][t], sm[j][t]), rows_left - j * PL_PACK_ROWS);
+    }
+    UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy, _mm256_add_ps(sd[t], sm[t]), rows_left);
 }
 
 /* ================================================================ q8_0 × q8_0 */
 
 /* As q4_1_tile, the signs moved onto the activations (maddubs multiplies unsigned by signed):
  * |w|·sign(x, w). Pairs reach 2·128·127, so each maddubs goes to i32 through its own madd. */
-PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const int G, const char *x,
+PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     (void)off;
-    __m256 sd[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    __m256 sd[4];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
-        __m256i acc[2][4];
+        __m256i acc[4];
         UNROLLED for (int k = 0; k < 8; k++) {
-            __m256i v[2], av[2];
-            UNROLLED for (int j = 0; j < G; j++) {
-                v[j] = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
-                av[j] = _mm256_sign_epi8(v[j], v[j]);
-            }
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k)), av = _mm256_sign_epi8(v, v);
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
                 __m256i xd = dword_bcast(xb->qs + 4 * k);
-                UNROLLED for (int j = 0; j < G; j++) {
-                    __m256i q = signed_dot(av[j], _mm256_sign_epi8(xd, v[j]));
-                    acc[j][t] = k == 0 ? q : _mm256_add_epi32(acc[j][t], q);
-                    IN_ORDER(acc[j][t]);
-                }
+                __m256i q = signed_dot(av, _mm256_sign_epi8(xd, v));
+                acc[t] = k == 0 ? q : _mm256_add_epi32(acc[t], q);
+                IN_ORDER(acc[t]);
             }
         }
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
-                __m256 isum = _mm256_cvtepi32_ps(acc[j][t]);
-                sd[j][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d))), sd[j][t]);
-            }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+            __m256 isum = _mm256_cvtepi32_ps(acc[t]);
+            sd[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d))), sd[t]);
         }
     }
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
-        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
+    UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy, sd[t], rows_left);
 }
 
 /* ================================================================ q4_0 × q8_0 */
@@ -227,44 +220,36 @@ PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t 
 /* As q4_1_tile's quants, without the mins: the −8 of every element comes off the block's integer
  * sum as off[t·nb + b] (q4_0_offsets), the start of its sum. The 8 maddubs lanes of a block add up
  * in i16 (≤ 30720, as q4_1's) before the one pair_widen. */
-PX_TARGET static ALWAYS_INLINE void q4_0_tile(const pl_block_q4_0x8 *w, int64_t nb, const int G, const char *x,
+PX_TARGET static ALWAYS_INLINE void q4_0_tile(const pl_block_q4_0x8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
-    __m256 sd[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    __m256 sd[4];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
-        __m256i p[2][4];
+        __m256i p[4];
         UNROLLED for (int k = 0; k < 4; k++) {
-            __m256i lo[2], hi[2];
-            UNROLLED for (int j = 0; j < G; j++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
-                lo[j] = _mm256_and_si256(v, low4);
-                hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-            }
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k));
+            __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
                 __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
-                UNROLLED for (int j = 0; j < G; j++) {
-                    __m256i q = pair_dot(lo[j], xl, hi[j], xh);
-                    p[j][t] = k == 0 ? q : pair_add(p[j][t], q);
-                    IN_ORDER(p[j][t]);
-                }
+                __m256i q = pair_dot(lo, xl, hi, xh);
+                p[t] = k == 0 ? q : pair_add(p[t], q);
+                IN_ORDER(p[t]);
             }
         }
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
-                __m256i isum = _mm256_add_epi32(_mm256_set1_epi32(off[t * nb + b]), pair_widen(p[j][t]));
-                __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d)));
-                sd[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, sd[j][t]);
-            }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+            __m256i isum = _mm256_add_epi32(_mm256_set1_epi32(off[t * nb + b]), pair_widen(p[t]));
+            __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d)));
+            sd[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, sd[t]);
         }
     }
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
-        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
+    UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy, sd[t], rows_left);
 }
 
 /* ================================================================ q5_0 × q8_0 */
@@ -298,58 +283,51 @@ PX_TARGET static void q5_0_offsets(const char *x, int64_t xs, int64_t nb, int ro
  * comes off the block's integer sum as off[t·nb + b] (q5_0_offsets), an exact int32 shared by the 8
  * rows. A maddubs lane is at most 2·31·128 = 7936 in magnitude: 4 of them (two chunks, low and high
  * elements) add up in i16 (≤ 31744), so a block is two i16 partial sums, each widened by pair_sums. */
-PX_TARGET static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t nb, const int G, const char *x,
+PX_TARGET static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
-    __m256 sd[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    __m256 sd[4];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
-        __m256i acc[2][4], qh[2];
-        UNROLLED for (int j = 0; j < G; j++) qh[j] = _mm256_loadu_si256((const __m256i *)w[j * nb + b].qh);
+        __m256i acc[4], qh;
+        qh = _mm256_loadu_si256((const __m256i *)w[b].qh);
         UNROLLED for (int t = 0; t < T; t++) {
             __m256i start = _mm256_set1_epi32(off[t * nb + b]);
-            UNROLLED for (int j = 0; j < G; j++) acc[j][t] = start;
+            acc[t] = start;
         }
         UNROLLED for (int half = 0; half < 2; half++) {
-            __m256i p[2][4];
+            __m256i p[4];
             UNROLLED for (int kk = 0; kk < 2; kk++) {
                 const int k = 2 * half + kk;
-                __m256i lo[2], hi[2];
-                UNROLLED for (int j = 0; j < G; j++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qs + 32 * k));
-                    /* bit k (4 + k) of each qh byte to bit 4; what the 16-bit shifts carry in from the
-                     * neighbouring byte lands below (above) bit 4 and is masked off */
-                    __m256i hl = _mm256_and_si256(_mm256_slli_epi16(qh[j], 4 - k), bit4);
-                    __m256i hh = _mm256_and_si256(k ? _mm256_srli_epi16(qh[j], k) : qh[j], bit4);
-                    lo[j] = _mm256_or_si256(_mm256_and_si256(v, low4), hl);
-                    hi[j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), hh);
-                }
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k));
+                /* bit k (4 + k) of each qh byte to bit 4; what the 16-bit shifts carry in from the
+                 * neighbouring byte lands below (above) bit 4 and is masked off */
+                __m256i hl = _mm256_and_si256(_mm256_slli_epi16(qh, 4 - k), bit4);
+                __m256i hh = _mm256_and_si256(k ? _mm256_srli_epi16(qh, k) : qh, bit4);
+                __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low4), hl);
+                __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), hh);
                 UNROLLED for (int t = 0; t < T; t++) {
                     const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
                     __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
-                    UNROLLED for (int j = 0; j < G; j++) {
-                        __m256i q = pair_dot(lo[j], xl, hi[j], xh);
-                        p[j][t] = kk == 0 ? q : pair_add(p[j][t], q);
-                        IN_ORDER(p[j][t]);
-                    }
+                    __m256i q = pair_dot(lo, xl, hi, xh);
+                    p[t] = kk == 0 ? q : pair_add(p[t], q);
+                    IN_ORDER(p[t]);
                 }
             }
-            UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
-                acc[j][t] = _mm256_add_epi32(acc[j][t], pair_widen(p[j][t]));
+            UNROLLED for (int t = 0; t < T; t++)
+                acc[t] = _mm256_add_epi32(acc[t], pair_widen(p[t]));
         }
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
-                __m256 isum = _mm256_cvtepi32_ps(acc[j][t]);
-                sd[j][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d))), sd[j][t]);
-            }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+            __m256 isum = _mm256_cvtepi32_ps(acc[t]);
+            sd[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d))), sd[t]);
         }
     }
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
-        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
+    UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy, sd[t], rows_left);
 }
 
 /* ================================================================ q4_K × q8_K */
@@ -393,100 +371,91 @@ PX_TARGET static inline void k4_bsum_pairs(const pl_block_q8_K *x, __m256i pairs
  * q5_K (five): the same on blocks of bs bytes, each a q4_Kx8 block and the fifth bits, bit j of qh
  * register k moved onto bit 4 of register (c, k)'s nibbles. A maddubs lane then reaches 2·31·128,
  * so 4 add up in i16 (≤ 31744) and a sub-block takes two madds by its scales. */
-PX_TARGET static ALWAYS_INLINE void k4_tile(const char *w, const int64_t bs, const int five, int64_t nb, const int G,
+PX_TARGET static ALWAYS_INLINE void k4_tile(const char *w, const int64_t bs, const int five, int64_t nb,
                                             const char *x, int64_t xs, const int T, float *y, int64_t ldy,
                                             int64_t rows_left, const char *pf, int64_t pf_bytes) {
-#define KB(j, b) ((const pl_block_q4_Kx8 *)(w + ((j) * nb + (b)) * bs))
+#define KB(b) ((const pl_block_q4_Kx8 *)(w + (b) * bs))
     const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
     const int span = five ? 4 : 8; /* registers summed in i16 before a madd */
-    __m256 sd[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    __m256 sd[4];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *next = pf + b * pf_bytes, *end = next + pf_bytes;
-        __m256i isum[2][4], sc[2][2];
-        UNROLLED for (int j = 0; j < G; j++) {
-            k4x8_words(KB(j, b), &sc[j][0], &sc[j][1], 0);
-            UNROLLED for (int t = 0; t < T; t++) isum[j][t] = _mm256_setzero_si256();
-        }
+        __m256i isum[4], sc[2];
+        k4x8_words(KB(b), &sc[0], &sc[1], 0);
+        UNROLLED for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
         UNROLLED for (int sub = 0; sub < 8; sub++) {
             const int c = sub / 2, h = sub % 2;
-            prefetch_some(&next, end, five ? 6 : 5); /* 8 · 5 lines cover two q4_K groups' 36, 8 · 6 two q5_K's 44 */
-            __m256i p[2][4], scale[2];
-            UNROLLED for (int j = 0; j < G; j++) scale[j] = _mm256_shuffle_epi8(sc[j][sub / 4], BYTE_BOTH_HALVES(sub % 4));
+            /* a q4_K block's 18 lines (q5_K's 22) in its first 4 sub-blocks: spread over all 8 (3 a
+             * sub-block), a 3B's decode ran 3-7% slower on one core */
+            prefetch_some(&next, end, five ? 6 : 5);
+            __m256i p[4], scale = _mm256_shuffle_epi8(sc[sub / 4], BYTE_BOTH_HALVES(sub % 4));
             UNROLLED for (int k = 0; k < 8; k++) {
-                __m256i q[2];
-                UNROLLED for (int j = 0; j < G; j++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(KB(j, b)->qs + 256 * c + 32 * k));
-                    q[j] = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, low4);
-                    if (five) {
-                        /* bit sub of each qh byte to bit 4; what the 16-bit shifts carry across bytes
-                         * lands below (left) or above (right) bit 4 and is masked off */
-                        __m256i hb = _mm256_loadu_si256((const __m256i *)(((const pl_block_q5_Kx8 *)KB(j, b))->qh + 32 * k));
-                        hb = sub < 4 ? _mm256_slli_epi16(hb, 4 - sub) : sub > 4 ? _mm256_srli_epi16(hb, sub - 4) : hb;
-                        q[j] = _mm256_or_si256(q[j], _mm256_and_si256(hb, bit4));
-                    }
+                __m256i v = _mm256_loadu_si256((const __m256i *)(KB(b)->qs + 256 * c + 32 * k));
+                __m256i q = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, low4);
+                if (five) {
+                    /* bit sub of each qh byte to bit 4; what the 16-bit shifts carry across bytes
+                     * lands below (left) or above (right) bit 4 and is masked off */
+                    __m256i hb = _mm256_loadu_si256((const __m256i *)(((const pl_block_q5_Kx8 *)KB(b))->qh + 32 * k));
+                    hb = sub < 4 ? _mm256_slli_epi16(hb, 4 - sub) : sub > 4 ? _mm256_srli_epi16(hb, sub - 4) : hb;
+                    q = _mm256_or_si256(q, _mm256_and_si256(hb, bit4));
                 }
                 UNROLLED for (int t = 0; t < T; t++) {
                     const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
                     __m256i xd = dword_bcast(xb->qs + 64 * c + 32 * h + 4 * k);
-                    UNROLLED for (int j = 0; j < G; j++) {
-                        __m256i prod = _mm256_maddubs_epi16(q[j], xd);
-                        p[j][t] = k % span == 0 ? prod : _mm256_add_epi16(p[j][t], prod);
-                        IN_ORDER(p[j][t]);
-                        if (k % span == span - 1)
-                            isum[j][t] = _mm256_add_epi32(isum[j][t], _mm256_madd_epi16(p[j][t], scale[j]));
-                    }
+                    __m256i prod = _mm256_maddubs_epi16(q, xd);
+                    p[t] = k % span == 0 ? prod : _mm256_add_epi16(p[t], prod);
+                    IN_ORDER(p[t]);
+                    if (k % span == span - 1)
+                        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p[t], scale));
                 }
             }
         }
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)KB(j, b)->d));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
-                __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
-                sd[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][t]), scale, sd[j][t]);
-            }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)KB(b)->d));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+            __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
+            sd[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), scale, sd[t]);
         }
     }
     /* imin: the mins' bytes of each word as i16 pairs (bytes 0, 2 and 1, 3) against the matching
      * pairs of sub-block sums */
     const __m256i even = _mm256_set1_epi32(0x00FF00FF);
-    __m256 sm[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sm[j][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++)
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256i mn[2];
-            k4x8_words(KB(j, b), &mn[0], &mn[1], 1);
-            __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)KB(j, b)->dmin));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
-                __m256i pairs[4];
-                k4_bsum_pairs(xb, pairs);
-                __m256i imin = _mm256_madd_epi16(_mm256_and_si256(mn[0], even), pairs[0]);
-                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_srli_epi16(mn[0], 8), pairs[1]));
-                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_and_si256(mn[1], even), pairs[2]));
-                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_srli_epi16(mn[1], 8), pairs[3]));
-                __m256 scale = _mm256_mul_ps(dmin, _mm256_set1_ps(xb->d));
-                sm[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), scale, sm[j][t]);
-            }
+    __m256 sm[4];
+    UNROLLED for (int t = 0; t < T; t++) sm[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i mn[2];
+        k4x8_words(KB(b), &mn[0], &mn[1], 1);
+        __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)KB(b)->dmin));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+            __m256i pairs[4];
+            k4_bsum_pairs(xb, pairs);
+            __m256i imin = _mm256_madd_epi16(_mm256_and_si256(mn[0], even), pairs[0]);
+            imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_srli_epi16(mn[0], 8), pairs[1]));
+            imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_and_si256(mn[1], even), pairs[2]));
+            imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_srli_epi16(mn[1], 8), pairs[3]));
+            __m256 scale = _mm256_mul_ps(dmin, _mm256_set1_ps(xb->d));
+            sm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), scale, sm[t]);
         }
+    }
 #undef KB
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
-        store_rows(y + t * ldy + j * PL_PACK_ROWS, _mm256_sub_ps(sd[j][t], sm[j][t]), rows_left - j * PL_PACK_ROWS);
+    UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy, _mm256_sub_ps(sd[t], sm[t]), rows_left);
 }
 
-PX_TARGET static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const int G, const char *x,
+PX_TARGET static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     (void)off;
-    k4_tile((const char *)w, (int64_t)sizeof *w, 0, nb, G, x, xs, T, y, ldy, rows_left, pf, pf_bytes);
+    k4_tile((const char *)w, (int64_t)sizeof *w, 0, nb, x, xs, T, y, ldy, rows_left, pf, pf_bytes);
 }
 
-PX_TARGET static ALWAYS_INLINE void q5_K_tile(const pl_block_q5_Kx8 *w, int64_t nb, const int G, const char *x,
+PX_TARGET static ALWAYS_INLINE void q5_K_tile(const pl_block_q5_Kx8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     (void)off;
-    k4_tile((const char *)w, (int64_t)sizeof *w, 1, nb, G, x, xs, T, y, ldy, rows_left, pf, pf_bytes);
+    k4_tile((const char *)w, (int64_t)sizeof *w, 1, nb, x, xs, T, y, ldy, rows_left, pf, pf_bytes);
 }
 
 /* ================================================================ q6_K × q8_K */
@@ -500,71 +469,61 @@ PX_TARGET static inline __m256i q6_scale_pairs(const pl_block_q6_Kx8 *b, int s0,
 /* Sub-block by sub-block as q4_K_tile, the 6-bit values completed from qh: a maddubs lane reaches
  * 2·63·128, so two registers' products add up in i16 (≤ 32256) before each madd by the rows'
  * scales. The −32 of every element comes in as −32·Σ_s sc_s·bsums[s], exact, the block's start. */
-PX_TARGET static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t nb, const int G, const char *x,
+PX_TARGET static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     (void)off;
     const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
-    __m256 sd[2][4];
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++) sd[j][t] = _mm256_setzero_ps();
+    __m256 sd[4];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *next = pf + b * pf_bytes, *end = next + pf_bytes;
-        __m256i isum[2][4];
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256i corr[4];
-            UNROLLED for (int t = 0; t < T; t++) corr[t] = _mm256_setzero_si256();
-            UNROLLED for (int m = 0; m < 8; m++) {
-                __m256i pairs = q6_scale_pairs(&w[j * nb + b], 2 * m, 2 * m + 1);
-                UNROLLED for (int t = 0; t < T; t++) {
-                    const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
-                    __m256i bsums = dword_bcast((const int8_t *)(xb->bsums + 2 * m)); /* bsums 2m, 2m + 1 */
-                    corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(pairs, bsums));
-                }
+        __m256i isum[4];
+        __m256i corr[4];
+        UNROLLED for (int t = 0; t < T; t++) corr[t] = _mm256_setzero_si256();
+        UNROLLED for (int m = 0; m < 8; m++) {
+            __m256i pairs = q6_scale_pairs(&w[b], 2 * m, 2 * m + 1);
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                __m256i bsums = dword_bcast((const int8_t *)(xb->bsums + 2 * m)); /* bsums 2m, 2m + 1 */
+                corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(pairs, bsums));
             }
-            UNROLLED for (int t = 0; t < T; t++)
-                isum[j][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr[t], 5));
         }
+        UNROLLED for (int t = 0; t < T; t++)
+            isum[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr[t], 5));
         /* two loops of 8: GCC would not unroll one of 16 */
         UNROLLED for (int h = 0; h < 2; h++) UNROLLED for (int s8 = 0; s8 < 8; s8++) {
             const int s = 8 * h + s8, high = s8 / 4, p = s8 % 4 / 2, kq = s8 % 2;
-            prefetch_some(&next, end, 4); /* 16 · 4 lines cover two q6_K groups' 53 */
-            __m256i acc[2][4], scale[2];
-            UNROLLED for (int j = 0; j < G; j++) scale[j] = q6_scale_pairs(&w[j * nb + b], s, s);
+            prefetch_some(&next, end, 4); /* a block's 27 lines in its first 7 of 16 sub-blocks, as q4_K's */
+            __m256i acc[4], scale = q6_scale_pairs(&w[b], s, s);
             UNROLLED for (int kk = 0; kk < 4; kk++) {
                 const int k = 4 * kq + kk;
-                __m256i q[2];
-                UNROLLED for (int j = 0; j < G; j++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].ql + 256 * (2 * h + p) + 32 * k));
-                    __m256i hb = _mm256_loadu_si256((const __m256i *)(w[j * nb + b].qh + 256 * h + 32 * k));
-                    /* bits 2p (4 + 2p) of qh to bits 4, 5; what the 16-bit shifts carry across bytes is masked off */
-                    q[j] = high ? _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
-                                                  _mm256_and_si256(p ? _mm256_srli_epi16(hb, 2) : hb, top2))
-                                : _mm256_or_si256(_mm256_and_si256(v, low4),
-                                                  _mm256_and_si256(_mm256_slli_epi16(hb, 4 - 2 * p), top2));
-                }
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].ql + 256 * (2 * h + p) + 32 * k));
+                __m256i hb = _mm256_loadu_si256((const __m256i *)(w[b].qh + 256 * h + 32 * k));
+                /* bits 2p (4 + 2p) of qh to bits 4, 5; what the 16-bit shifts carry across bytes is masked off */
+                __m256i q = high ? _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                                                   _mm256_and_si256(p ? _mm256_srli_epi16(hb, 2) : hb, top2))
+                                 : _mm256_or_si256(_mm256_and_si256(v, low4),
+                                                   _mm256_and_si256(_mm256_slli_epi16(hb, 4 - 2 * p), top2));
                 UNROLLED for (int t = 0; t < T; t++) {
                     const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
                     __m256i xd = dword_bcast(xb->qs + 128 * h + 64 * high + 32 * p + 4 * k);
-                    UNROLLED for (int j = 0; j < G; j++) {
-                        __m256i prod = _mm256_maddubs_epi16(q[j], xd);
-                        acc[j][t] = kk % 2 == 0 ? prod : _mm256_add_epi16(acc[j][t], prod);
-                        IN_ORDER(acc[j][t]);
-                        if (kk % 2) isum[j][t] = _mm256_add_epi32(isum[j][t], _mm256_madd_epi16(acc[j][t], scale[j]));
-                    }
+                    __m256i prod = _mm256_maddubs_epi16(q, xd);
+                    acc[t] = kk % 2 == 0 ? prod : _mm256_add_epi16(acc[t], prod);
+                    IN_ORDER(acc[t]);
+                    if (kk % 2) isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(acc[t], scale));
                 }
             }
         }
-        UNROLLED for (int j = 0; j < G; j++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[j * nb + b].d));
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
-                __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
-                sd[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][t]), sc, sd[j][t]);
-            }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+            __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
+            sd[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), sc, sd[t]);
         }
     }
-    UNROLLED for (int j = 0; j < G; j++) UNROLLED for (int t = 0; t < T; t++)
-        store_rows(y + t * ldy + j * PL_PACK_ROWS, sd[j][t], rows_left - j * PL_PACK_ROWS);
+    UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy, sd[t], rows_left);
 }
 
 /* Ints of stack for the activation offsets of a call (q4_0_offsets, q5_0_offsets): 32 KiB, rows of them at a time. */
@@ -597,50 +556,45 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
         }                                                                                                 \
     }
 
-/* NAME_part over TILE: one activation row with two groups at a time (the last alone), more in tiles
- * of 4 activation rows per group and one of the rest. The first tile over a group prefetches the
- * next groups of the range (prefetch_next). off: the rows' offsets, nb a row. */
-#define PACKED_GEMM_PART(NAME, BLOCK, TILE)                                                                 \
+/* NAME_part over TILE: a group at a time in memory order, in tiles of 4 activation rows and one of
+ * the rest. The first tile over a group reads it from memory and prefetches: AHEAD bytes on for up
+ * to 4 rows, else the next group; never past the range's last group. off: the rows' offsets, nb a row. */
+#define PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD)                                                                 \
     PX_TARGET static void PX_NAME(NAME##_part)(const void *packed, int64_t nb, int64_t g0, int64_t g1,       \
                                                int64_t row_end, const char *x, int64_t xs, int n, float *y,   \
                                                int64_t ldy, const int32_t *off) {                             \
         const BLOCK *w = packed;                                                                          \
-        for (int64_t g = g0; g < g1;) {                                                                   \
+        const int64_t group_bytes = nb * (int64_t)sizeof(BLOCK);                                          \
+        for (int64_t g = g0; g < g1; g++) {                                                               \
             const BLOCK *wg = w + g * nb;                                                                 \
             float *yg = y + g * PL_PACK_ROWS;                                                             \
             int64_t left = row_end - g * PL_PACK_ROWS;                                                    \
-            int G = n == 1 && g + 1 < g1 ? 2 : 1;                                                         \
-            int64_t ahead = g1 - g - G < G ? g1 - g - G : G; /* groups of the next tile */                \
-            const char *pf = (const char *)(wg + G * nb);                                                 \
-            int64_t pf_bytes = ahead * (int64_t)sizeof(BLOCK);                                            \
-            if (G == 2) {                                                                                 \
-                TILE(wg, nb, 2, x, xs, 1, yg, ldy, left, pf, pf_bytes, off);                              \
-                g += 2;                                                                                   \
-                continue;                                                                                 \
-            }                                                                                             \
+            int64_t want = n <= 4 ? (AHEAD) : group_bytes, rest = (g1 - g - 1) * group_bytes;             \
+            int64_t ahead = rest < want ? rest : want;                                                    \
+            const char *pf = (const char *)wg + ahead;                                                    \
+            int64_t pf_bytes = ahead ? (int64_t)sizeof(BLOCK) : 0;                                        \
             int t = 0;                                                                                    \
             for (; t + 4 <= n; t += 4, pf_bytes = 0)                                                      \
-                TILE(wg, nb, 1, x + t * xs, xs, 4, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb);  \
+                TILE(wg, nb, x + t * xs, xs, 4, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb);  \
             switch (n - t) {                                                                              \
-            case 3: TILE(wg, nb, 1, x + t * xs, xs, 3, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
-            case 2: TILE(wg, nb, 1, x + t * xs, xs, 2, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
-            case 1: TILE(wg, nb, 1, x + t * xs, xs, 1, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
+            case 3: TILE(wg, nb, x + t * xs, xs, 3, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
+            case 2: TILE(wg, nb, x + t * xs, xs, 2, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
+            case 1: TILE(wg, nb, x + t * xs, xs, 1, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
             }                                                                                             \
-            g++;                                                                                          \
         }                                                                                                 \
     }
 
-#define PACKED_KERNEL(NAME, BLOCK, TILE, OFFSETS, NEEDS, SCALAR) \
-    PACKED_GEMM_PART(NAME, BLOCK, TILE)                         \
+#define PACKED_KERNEL(NAME, BLOCK, TILE, AHEAD, OFFSETS, NEEDS, SCALAR) \
+    PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD)                         \
     PACKED_GEMM(NAME, OFFSETS, NEEDS, SCALAR)
 
-PACKED_KERNEL(gemm_q4_0x8, pl_block_q4_0x8, q4_0_tile, q4_0_offsets, 1, pl_gemm_q4_0x8_scalar)
-PACKED_KERNEL(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, no_offsets, 0, pl_gemm_q4_1x8_scalar)
-PACKED_KERNEL(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
-PACKED_KERNEL(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, no_offsets, 0, pl_gemm_q8_0x8_scalar)
-PACKED_KERNEL(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, no_offsets, 0, pl_gemm_q4_Kx8_scalar)
-PACKED_KERNEL(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, no_offsets, 0, pl_gemm_q5_Kx8_scalar)
-PACKED_KERNEL(gemm_q6_Kx8, pl_block_q6_Kx8, q6_K_tile, no_offsets, 0, pl_gemm_q6_Kx8_scalar)
+PACKED_KERNEL(gemm_q4_0x8, pl_block_q4_0x8, q4_0_tile, STREAM_AHEAD, q4_0_offsets, 1, pl_gemm_q4_0x8_scalar)
+PACKED_KERNEL(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, STREAM_AHEAD, no_offsets, 0, pl_gemm_q4_1x8_scalar)
+PACKED_KERNEL(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, STREAM_AHEAD, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
+PACKED_KERNEL(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, STREAM_AHEAD, no_offsets, 0, pl_gemm_q8_0x8_scalar)
+PACKED_KERNEL(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, STREAM_AHEAD_K, no_offsets, 0, pl_gemm_q4_Kx8_scalar)
+PACKED_KERNEL(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, STREAM_AHEAD_K, no_offsets, 0, pl_gemm_q5_Kx8_scalar)
+PACKED_KERNEL(gemm_q6_Kx8, pl_block_q6_Kx8, q6_K_tile, STREAM_AHEAD_K, no_offsets, 0, pl_gemm_q6_Kx8_scalar)
 
 int PX_NAME(pl_install_packed)(void) {
     pl_packed.q4_0 = PX_NAME(gemm_q4_0x8);
