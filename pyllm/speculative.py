@@ -395,7 +395,8 @@ class Speculator:
         for k in range(1, most + 1):
             expected = k + 1 if rate >= 1 else (1 - rate ** (k + 1)) / (1 - rate)
             value = expected / (self.costs.ratio(k + 1) + k * self.draft_cost)
-            best = max(best, (k, value), key=lambda kv: kv[1])
+            if value > best[1]:
+                best = (k, value)
         return best
 
     def judge(self, cache, rows: np.ndarray) -> list:
