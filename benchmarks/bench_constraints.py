@@ -4,9 +4,10 @@ logits) and its parser taking the token, per token, beside the step itself, on r
 
     python benchmarks/bench_constraints.py [MODEL ...] [--tokens 64] [--threads 2]
 
-For each model it runs the same prompt twice: under a JSON schema, timing every Constraint.mask and
-.consume call (pyllm.constraints), then without a constraint, timing whole steps. The constraint's
-share is its median time over the median unconstrained step (a forward pass plus sampling).
+For each model it runs the same prompt twice: under a JSON schema, timing every Constraint.mask,
+.consume and .forced call (pyllm.constraints; the last two compute the next mask), then without a
+constraint, timing whole steps. The constraint's share is its median time over the median
+unconstrained step (a forward pass plus sampling).
 """
 from __future__ import annotations
 
@@ -47,10 +48,10 @@ def step_times(llm, tokens: int) -> list[float]:
 
 
 def constraint_times(llm, tokens: int) -> tuple[list[float], str]:
-    """Seconds each token spent in the constraint (Constraint.mask, then Constraint.consume) in a
-    constrained generation, and the text it made."""
+    """Seconds each token spent in the constraint (Constraint.mask, then Constraint.consume and
+    Constraint.forced, which compute the next mask) in a constrained generation, and the text it made."""
     spent = []
-    mask, consume = constraints.Constraint.mask, constraints.Constraint.consume
+    mask, consume, forced = constraints.Constraint.mask, constraints.Constraint.consume, constraints.Constraint.forced
 
     def timed_mask(self, logits):
         t = time.perf_counter()
@@ -63,11 +64,19 @@ def constraint_times(llm, tokens: int) -> tuple[list[float], str]:
         consume(self, token)
         spent[-1] += time.perf_counter() - t
 
+    def timed_forced(self, limit):
+        t = time.perf_counter()
+        out = forced(self, limit)
+        spent[-1] += time.perf_counter() - t
+        return out
+
     constraints.Constraint.mask, constraints.Constraint.consume = timed_mask, timed_consume
+    constraints.Constraint.forced = timed_forced
     try:
         text = llm.generate(PROMPT, max_tokens=tokens, temperature=0.7, seed=0, json_schema=SCHEMA).text
     finally:
         constraints.Constraint.mask, constraints.Constraint.consume = mask, consume
+        constraints.Constraint.forced = forced
     return spent, text
 
 

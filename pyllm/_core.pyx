@@ -8,6 +8,7 @@ their own are pyllm._kernels (for tests), the loaders' string work pyllm._string
 """
 from libc.stdint cimport int32_t, int64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc
+from libc.math cimport INFINITY
 from libc.string cimport memcpy
 
 import threading
@@ -412,6 +413,26 @@ _MATRIX_SLOTS = {name for name, kind, *_ in LAYER_SLOTS + MODEL_SLOTS if kind ==
 def is_matrix(key: str) -> bool:
     """Whether a slot key ("lm_head", "layers.3.wq", ...) names a matrix."""
     return key.rpartition(".")[2] in _MATRIX_SLOTS
+
+
+def masked_logits(const float[::1] logits, const int32_t[::1] bits, float[::1] out) -> None:
+    """out[i] = logits[i] where bit i of bits (little-endian words, as llguidance's masks) is set, else
+    -inf: a constrained step's logits. A word at a time: most are all clear or all set."""
+    cdef Py_ssize_t n = logits.shape[0], w, i, end
+    cdef unsigned int word
+    if bits.shape[0] * 32 < n or out.shape[0] != n:
+        raise ValueError("the mask or the output is not as long as the logits")
+    with nogil:
+        for w in range((n + 31) // 32):
+            word, end = <unsigned int>bits[w], min(32 * w + 32, n)
+            if word == 0:
+                for i in range(32 * w, end):
+                    out[i] = -INFINITY
+            elif word == <unsigned int>0xFFFFFFFF:
+                memcpy(&out[32 * w], &logits[32 * w], (end - 32 * w) * sizeof(float))
+            else:
+                for i in range(32 * w, end):
+                    out[i] = logits[i] if (word >> (i - 32 * w)) & 1 else -INFINITY
 
 
 def trim_heap() -> None:

@@ -10,6 +10,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -43,6 +44,20 @@ PERSON = {"type": "object", "properties": {
     "age": {"type": "integer", "minimum": 0, "maximum": 120},
     "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
     "required": ["name", "age"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 1000, 49152])
+def test_the_mask_keeps_exactly_the_allowed_logits(n):
+    """_core.masked_logits, which applies llguidance's bits: whole words clear, set and mixed."""
+    rng = np.random.default_rng(n)
+    logits = rng.standard_normal(n).astype(np.float32)
+    allowed = np.zeros(n, bool)
+    allowed[n // 4: n // 2] = True
+    allowed[n // 2:] = rng.random(n - n // 2) < 0.3
+    bits = np.packbits(np.concatenate([allowed, np.zeros(-n % 32, bool)]), bitorder="little").view(np.int32)
+    out = np.empty(n, np.float32)
+    pyllm._core.masked_logits(logits, bits, out)
+    assert np.array_equal(out, np.where(allowed, logits, -np.inf).astype(np.float32))
 
 
 def test_every_sampler_gives_matching_output(tiny):
