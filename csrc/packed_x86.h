@@ -183,6 +183,18 @@ PX_TARGET static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t 
 
 /* ================================================================ q8_0 × q8_0 */
 
+/* The end of block b for the types against q8_0 activations: sd[t] += (float)isum[t] · (dw · dx_t),
+ * dw the group's 8 f16 scales d, dx_t the f16 scale of row t's activation block b. */
+PX_TARGET static ALWAYS_INLINE void add_q8_0_blocks(__m256 *sd, const __m256i *isum, const uint16_t *d,
+                                                    const char *x, int64_t xs, int64_t b, const int T) {
+    __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
+    UNROLLED for (int t = 0; t < T; t++) {
+        const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+        __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d)));
+        sd[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), scale, sd[t]);
+    }
+}
+
 /* As q4_1_tile, the signs moved onto the activations (maddubs multiplies unsigned by signed):
  * |w|·sign(x, w). Pairs reach 2·128·127, so each maddubs goes to i32 through its own madd. */
 PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const char *x,
@@ -204,12 +216,7 @@ PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t 
                 IN_ORDER(acc[t]);
             }
         }
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
-        UNROLLED for (int t = 0; t < T; t++) {
-            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
-            __m256 isum = _mm256_cvtepi32_ps(acc[t]);
-            sd[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d))), sd[t]);
-        }
+        add_q8_0_blocks(sd, acc, w[b].d, x, xs, b, T);
     }
     UNROLLED for (int t = 0; t < T; t++)
         store_rows(y + t * ldy, sd[t], rows_left);
@@ -240,13 +247,10 @@ PX_TARGET static ALWAYS_INLINE void q4_0_tile(const pl_block_q4_0x8 *w, int64_t 
                 IN_ORDER(p[t]);
             }
         }
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
-        UNROLLED for (int t = 0; t < T; t++) {
-            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
-            __m256i isum = _mm256_add_epi32(_mm256_set1_epi32(off[t * nb + b]), pair_widen(p[t]));
-            __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d)));
-            sd[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, sd[t]);
-        }
+        __m256i isum[4];
+        UNROLLED for (int t = 0; t < T; t++)
+            isum[t] = _mm256_add_epi32(_mm256_set1_epi32(off[t * nb + b]), pair_widen(p[t]));
+        add_q8_0_blocks(sd, isum, w[b].d, x, xs, b, T);
     }
     UNROLLED for (int t = 0; t < T; t++)
         store_rows(y + t * ldy, sd[t], rows_left);
@@ -319,12 +323,7 @@ PX_TARGET static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t 
             UNROLLED for (int t = 0; t < T; t++)
                 acc[t] = _mm256_add_epi32(acc[t], pair_widen(p[t]));
         }
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
-        UNROLLED for (int t = 0; t < T; t++) {
-            const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
-            __m256 isum = _mm256_cvtepi32_ps(acc[t]);
-            sd[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d))), sd[t]);
-        }
+        add_q8_0_blocks(sd, acc, w[b].d, x, xs, b, T);
     }
     UNROLLED for (int t = 0; t < T; t++)
         store_rows(y + t * ldy, sd[t], rows_left);
