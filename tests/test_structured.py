@@ -474,24 +474,30 @@ def test_llama3_template_calls_are_constrained_and_parsed(tiny):
     assert f'"name": "{calls[0]["function"]["name"]}"' in after and "sunny" in after
 
 
-def test_mistral_template_calls_start_with_its_control_token(tmp_path):
-    """Mistral's [TOOL_CALLS] is a control token: the grammar emits that token (not its spelling),
-    the calls are a JSON list after it, their ids 9 letters and digits as the template demands."""
+def _tokenizer_with(folder: str, specials: list[str]):
+    """A small byte-level BPE tokenizer with a family's control tokens, saved into a tiny checkpoint."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from conftest import english_text
-    from pyllm import tool_calls
 
-    folder = make_tiny_checkpoint(str(tmp_path / "mistral"), max_position_embeddings=2048)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    specials = ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
-                "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]
     tok.train_from_iterator([english_text()[:20000]], trainers.BpeTrainer(
         vocab_size=320, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
     tok.save(os.path.join(folder, "tokenizer.json"))
+    return tok
+
+
+def test_mistral_template_calls_start_with_its_control_token(tmp_path):
+    """Mistral's [TOOL_CALLS] is a control token: the grammar emits that token (not its spelling),
+    the calls are a JSON list after it, their ids 9 letters and digits as the template demands."""
+    from pyllm import tool_calls
+
+    folder = make_tiny_checkpoint(str(tmp_path / "mistral"), max_position_embeddings=2048)
+    tok = _tokenizer_with(folder, ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+                                   "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"])
     template_dir = os.path.join(os.path.dirname(llama_cpp_converter()), "models", "templates")
     with open(os.path.join(template_dir, "mistralai-Mistral-Nemo-Instruct-2407.jinja")) as f:
         template = f.read()
@@ -527,20 +533,9 @@ PHI4_MINI_TEMPLATE = (
 @pytest.fixture(scope="module")
 def phi_server(tmp_path_factory):
     """A tiny model with Phi-4-mini's control tokens in its vocabulary and its real template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from conftest import english_text
-
     folder = make_tiny_checkpoint(str(tmp_path_factory.mktemp("phi") / "model"), max_position_embeddings=2048)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|/tool|>",
-                "<|tool_call|>", "<|/tool_call|>"]
-    tok.train_from_iterator([english_text()[:20000]], trainers.BpeTrainer(
-        vocab_size=320, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
-    tok.save(os.path.join(folder, "tokenizer.json"))
+    _tokenizer_with(folder, ["<|endoftext|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>",
+                             "<|/tool|>", "<|tool_call|>", "<|/tool_call|>"])
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
         json.dump({"bos_token": "<|endoftext|>", "eos_token": "<|end|>", "chat_template": PHI4_MINI_TEMPLATE}, f)
     s = ServerProcess(folder, "--parallel", "2")
