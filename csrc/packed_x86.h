@@ -56,6 +56,15 @@
 #define IN_ORDER(v) ((void)0)
 #endif
 
+/* v claimed to change after dep is complete: a register is unpacked only after the previous one's
+ * products, rather than every register of a block first and most of them spilled (GCC did: 28%
+ * slower than the maddubs form). */
+#if defined(__GNUC__) || defined(__clang__)
+#define AFTER(v, dep) __asm__("" : "+x"(v) : "x"(dep))
+#else
+#define AFTER(v, dep) ((void)0)
+#endif
+
 /* i16 pairs → i32: lane r = its two halves added. The same as madd with ones, but on the shift and
  * add pipes: on Zen 3 maddubs and madd share one multiply pipe, which the maddubs already fill. */
 PX_TARGET static inline __m256i pair_sums(__m256i p) {
@@ -350,66 +359,128 @@ PX_TARGET static inline void k4x8_words(const pl_block_q4_Kx8 *b, __m256i *w0, _
                      12 + (s), -1, (s), -1, (s), -1, 4 + (s), -1, 4 + (s), -1, 8 + (s), -1, 8 + (s), -1,  \
                      12 + (s), -1, 12 + (s), -1)
 
-/* The activation's 8 sub-block sums as the dwords madd pairs with the mins: (bs0, bs2), (bs1, bs3),
- * (bs4, bs6), (bs5, bs7) in pairs[0..3], each broadcast. */
-PX_TARGET static inline void k4_bsum_pairs(const pl_block_q8_K *x, __m256i pairs[4]) {
-    __m256i bs = _mm256_loadu_si256((const __m256i *)x->bsums);
-    __m128i s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)); /* bs0..bs7 */
-    s = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
-    pairs[0] = _mm256_broadcastd_epi32(s);
-    pairs[1] = _mm256_broadcastd_epi32(_mm_srli_si128(s, 4));
-    pairs[2] = _mm256_broadcastd_epi32(_mm_srli_si128(s, 8));
-    pairs[3] = _mm256_broadcastd_epi32(_mm_srli_si128(s, 12));
+/* The activation's 8 sub-block sums of block b of row t as the 4 dwords madd pairs with the mins,
+ * (bs0, bs2), (bs1, bs3), (bs4, bs6), (bs5, bs7), to off[4(t·nb + b)..]: made once a call, not once
+ * a group (in a 4-row tile they took 16% of a q4_K GEMM's time). */
+PX_TARGET static void k4_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t *off) {
+    for (int t = 0; t < rows; t++)
+        for (int64_t b = 0; b < nb; b++) {
+            const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+            __m256i bs = _mm256_loadu_si256((const __m256i *)xb->bsums);
+            __m128i s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)); /* bs0..bs7 */
+            s = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
+            _mm_storeu_si128((__m128i *)(off + 4 * (t * nb + b)), s);
+        }
 }
 
-/* As q4_1_tile, a sub-block at a time: register (c, k)'s nibbles h against activation dword
+/* Bit j of each fifth-bits byte of a q5_Kx8 block moved onto bit 4: what the 16-bit shifts carry
+ * across bytes lands below (left) or above (right) bit 4 and is masked off. */
+PX_TARGET static inline __m256i k5_fifth_bits(__m256i hb, const int j) {
+    hb = j < 4 ? _mm256_slli_epi16(hb, 4 - j) : j > 4 ? _mm256_srli_epi16(hb, j - 4) : hb;
+    return _mm256_and_si256(hb, _mm256_set1_epi8(0x10));
+}
+
+#if PX_VNNI
+/* The integer sum isum[t] = Σ_s sc_s·Σ q·x of block b of a q4_Kx8 (q5_Kx8: five) group against
+ * activation rows t < T. vpdpbusd sums each register's products straight into i32: register (c, k)
+ * is loaded once and unpacked into both of its sub-blocks, 2c (low nibbles) and 2c + 1 (high), each
+ * summed over its 8 registers in its own i32 chain (2T chains: vpdpbusd's latency hidden), then
+ * multiplied by its rows' scales. Per register and activation row that is one vpdpbusd where
+ * maddubs needs an add in i16 and a share of the madd; on the 32 registers of AVX-512 the chains
+ * and sums stay in registers. The same exact integers as the maddubs form. */
+PX_TARGET static ALWAYS_INLINE void k4_block_sums(const pl_block_q4_Kx8 *blk, const int five, const char *x,
+                                                  int64_t xs, int64_t b, const int T, __m256i *isum,
+                                                  const char **next, const char *end) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), byte0 = _mm256_set1_epi32(0xFF);
+    __m256i sc[2];
+    k4x8_words(blk, &sc[0], &sc[1], 0);
+    UNROLLED for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
+    UNROLLED for (int c = 0; c < 4; c++) {
+        prefetch_some(next, end, five ? 12 : 10);
+        __m256i lo_sum[4], hi_sum[4];
+        UNROLLED for (int k = 0; k < 8; k++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 256 * c + 32 * k));
+            __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            if (five) {
+                __m256i hb = _mm256_loadu_si256((const __m256i *)(((const pl_block_q5_Kx8 *)blk)->qh + 32 * k));
+                lo = _mm256_or_si256(lo, k5_fifth_bits(hb, 2 * c));
+                hi = _mm256_or_si256(hi, k5_fifth_bits(hb, 2 * c + 1));
+            }
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                __m256i xl = dword_bcast(xb->qs + 64 * c + 4 * k), xh = dword_bcast(xb->qs + 64 * c + 32 + 4 * k);
+                lo_sum[t] = DPBUSD(k == 0 ? _mm256_setzero_si256() : lo_sum[t], lo, xl);
+                hi_sum[t] = DPBUSD(k == 0 ? _mm256_setzero_si256() : hi_sum[t], hi, xh);
+                IN_ORDER(lo_sum[t]);
+                IN_ORDER(hi_sum[t]);
+            }
+        }
+        /* sub-block 2c's scale byte (2c % 4 of word c / 2) and 2c + 1's, in each row's i32 lane */
+        __m256i lo_scale = _mm256_and_si256(_mm256_srli_epi32(sc[c / 2], 16 * (c % 2)), byte0);
+        __m256i hi_scale = _mm256_and_si256(_mm256_srli_epi32(sc[c / 2], 16 * (c % 2) + 8), byte0);
+        UNROLLED for (int t = 0; t < T; t++) {
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(lo_sum[t], lo_scale));
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(hi_sum[t], hi_scale));
+        }
+    }
+}
+#else
+/* The integer sum isum[t] = Σ_s sc_s·Σ q·x of block b of a q4_Kx8 (q5_Kx8: five) group against
+ * activation rows t < T, a sub-block at a time: register (c, k)'s nibbles h against activation dword
  * 64c + 32h + 4k, 8 maddubs summed in i16 (each lane at most 2·15·128, 8 of them 30720), then one
- * madd by the rows' scales of sub-block 2c + h gives its exact share of isum in i32. A register is
- * loaded once per nibble half (from L1 the second time), which keeps the live sums within the 16
- * registers. The mins' share runs as a second loop, as q4_1's.
- * q5_K (five): the same on blocks of bs bytes, each a q4_Kx8 block and the fifth bits, bit j of qh
- * register k moved onto bit 4 of register (c, k)'s nibbles. A maddubs lane then reaches 2·31·128,
- * so 4 add up in i16 (≤ 31744) and a sub-block takes two madds by its scales. */
+ * madd by the rows' scales of sub-block 2c + h gives its exact share in i32. A register is loaded
+ * once per nibble half (from L1 the second time), which keeps the live sums within the 16 registers.
+ * q5_K: a maddubs lane reaches 2·31·128, so 4 add up in i16 (≤ 31744) and a sub-block takes two
+ * madds by its scales. */
+PX_TARGET static ALWAYS_INLINE void k4_block_sums(const pl_block_q4_Kx8 *blk, const int five, const char *x,
+                                                  int64_t xs, int64_t b, const int T, __m256i *isum,
+                                                  const char **next, const char *end) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const int span = five ? 4 : 8; /* registers summed in i16 before a madd */
+    __m256i sc[2];
+    k4x8_words(blk, &sc[0], &sc[1], 0);
+    UNROLLED for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
+    UNROLLED for (int sub = 0; sub < 8; sub++) {
+        const int c = sub / 2, h = sub % 2;
+        /* a q4_K block's 18 lines (q5_K's 22) in its first 4 sub-blocks: spread over all 8 (3 a
+         * sub-block), a 3B's decode ran 3-7% slower on one core */
+        prefetch_some(next, end, five ? 6 : 5);
+        __m256i p[4], scale = _mm256_shuffle_epi8(sc[sub / 4], BYTE_BOTH_HALVES(sub % 4));
+        UNROLLED for (int k = 0; k < 8; k++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 256 * c + 32 * k));
+            __m256i q = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, low4);
+            if (five) {
+                __m256i hb = _mm256_loadu_si256((const __m256i *)(((const pl_block_q5_Kx8 *)blk)->qh + 32 * k));
+                q = _mm256_or_si256(q, k5_fifth_bits(hb, sub));
+            }
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                __m256i xd = dword_bcast(xb->qs + 64 * c + 32 * h + 4 * k);
+                __m256i prod = _mm256_maddubs_epi16(q, xd);
+                p[t] = k % span == 0 ? prod : _mm256_add_epi16(p[t], prod);
+                IN_ORDER(p[t]);
+                if (k % span == span - 1)
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p[t], scale));
+            }
+        }
+    }
+}
+#endif
+
+/* As q4_1_tile, a block's integer sum from k4_block_sums, then one fmadd by the scales a block; the
+ * mins' share runs as a second loop, as q4_1's. q5_K (five): the same on blocks of bs bytes, each a
+ * q4_Kx8 block and the fifth bits, bit j of qh register k moved onto bit 4 of register (c, k)'s
+ * nibbles. */
 PX_TARGET static ALWAYS_INLINE void k4_tile(const char *w, const int64_t bs, const int five, int64_t nb,
                                             const char *x, int64_t xs, const int T, float *y, int64_t ldy,
-                                            int64_t rows_left, const char *pf, int64_t pf_bytes) {
+                                            int64_t rows_left, const char *pf, int64_t pf_bytes, const int32_t *off) {
 #define KB(b) ((const pl_block_q4_Kx8 *)(w + (b) * bs))
-    const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
-    const int span = five ? 4 : 8; /* registers summed in i16 before a madd */
     __m256 sd[4];
     UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *next = pf + b * pf_bytes, *end = next + pf_bytes;
-        __m256i isum[4], sc[2];
-        k4x8_words(KB(b), &sc[0], &sc[1], 0);
-        UNROLLED for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
-        UNROLLED for (int sub = 0; sub < 8; sub++) {
-            const int c = sub / 2, h = sub % 2;
-            /* a q4_K block's 18 lines (q5_K's 22) in its first 4 sub-blocks: spread over all 8 (3 a
-             * sub-block), a 3B's decode ran 3-7% slower on one core */
-            prefetch_some(&next, end, five ? 6 : 5);
-            __m256i p[4], scale = _mm256_shuffle_epi8(sc[sub / 4], BYTE_BOTH_HALVES(sub % 4));
-            UNROLLED for (int k = 0; k < 8; k++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(KB(b)->qs + 256 * c + 32 * k));
-                __m256i q = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, low4);
-                if (five) {
-                    /* bit sub of each qh byte to bit 4; what the 16-bit shifts carry across bytes
-                     * lands below (left) or above (right) bit 4 and is masked off */
-                    __m256i hb = _mm256_loadu_si256((const __m256i *)(((const pl_block_q5_Kx8 *)KB(b))->qh + 32 * k));
-                    hb = sub < 4 ? _mm256_slli_epi16(hb, 4 - sub) : sub > 4 ? _mm256_srli_epi16(hb, sub - 4) : hb;
-                    q = _mm256_or_si256(q, _mm256_and_si256(hb, bit4));
-                }
-                UNROLLED for (int t = 0; t < T; t++) {
-                    const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
-                    __m256i xd = dword_bcast(xb->qs + 64 * c + 32 * h + 4 * k);
-                    __m256i prod = _mm256_maddubs_epi16(q, xd);
-                    p[t] = k % span == 0 ? prod : _mm256_add_epi16(p[t], prod);
-                    IN_ORDER(p[t]);
-                    if (k % span == span - 1)
-                        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p[t], scale));
-                }
-            }
-        }
+        __m256i isum[4];
+        k4_block_sums(KB(b), five, x, xs, b, T, isum, &next, end);
         __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)KB(b)->d));
         UNROLLED for (int t = 0; t < T; t++) {
             const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
@@ -426,14 +497,14 @@ PX_TARGET static ALWAYS_INLINE void k4_tile(const char *w, const int64_t bs, con
         __m256i mn[2];
         k4x8_words(KB(b), &mn[0], &mn[1], 1);
         __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)KB(b)->dmin));
+        __m256i mins[4] = {_mm256_and_si256(mn[0], even), _mm256_srli_epi16(mn[0], 8),
+                           _mm256_and_si256(mn[1], even), _mm256_srli_epi16(mn[1], 8)};
         UNROLLED for (int t = 0; t < T; t++) {
             const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
-            __m256i pairs[4];
-            k4_bsum_pairs(xb, pairs);
-            __m256i imin = _mm256_madd_epi16(_mm256_and_si256(mn[0], even), pairs[0]);
-            imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_srli_epi16(mn[0], 8), pairs[1]));
-            imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_and_si256(mn[1], even), pairs[2]));
-            imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_srli_epi16(mn[1], 8), pairs[3]));
+            const int32_t *pairs = off + 4 * (t * nb + b);
+            __m256i imin = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(pairs[0]));
+            UNROLLED for (int i = 1; i < 4; i++)
+                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mins[i], _mm256_set1_epi32(pairs[i])));
             __m256 scale = _mm256_mul_ps(dmin, _mm256_set1_ps(xb->d));
             sm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), scale, sm[t]);
         }
@@ -446,15 +517,13 @@ PX_TARGET static ALWAYS_INLINE void k4_tile(const char *w, const int64_t bs, con
 PX_TARGET static ALWAYS_INLINE void q4_K_tile(const pl_block_q4_Kx8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
-    (void)off;
-    k4_tile((const char *)w, (int64_t)sizeof *w, 0, nb, x, xs, T, y, ldy, rows_left, pf, pf_bytes);
+    k4_tile((const char *)w, (int64_t)sizeof *w, 0, nb, x, xs, T, y, ldy, rows_left, pf, pf_bytes, off);
 }
 
 PX_TARGET static ALWAYS_INLINE void q5_K_tile(const pl_block_q5_Kx8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
-    (void)off;
-    k4_tile((const char *)w, (int64_t)sizeof *w, 1, nb, x, xs, T, y, ldy, rows_left, pf, pf_bytes);
+    k4_tile((const char *)w, (int64_t)sizeof *w, 1, nb, x, xs, T, y, ldy, rows_left, pf, pf_bytes, off);
 }
 
 /* ================================================================ q6_K × q8_K */
@@ -465,14 +534,87 @@ PX_TARGET static inline __m256i q6_scale_pairs(const pl_block_q6_Kx8 *b, int s0,
     return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, c));
 }
 
-/* Sub-block by sub-block as q4_K_tile, the 6-bit values completed from qh: a maddubs lane reaches
- * 2·63·128, so two registers' products add up in i16 (≤ 32256) before each madd by the rows'
- * scales. The −32 of every element comes in as −32·Σ_s sc_s·bsums[s], exact, the block's start. */
+#if PX_VNNI
+/* isum[t] += Σ_s sc_s·Σ q·x over block b of a q6_Kx8 group against activation rows t < T. As
+ * k4_block_sums with vpdpbusd: register (m, k) of ql, completed from qh, is loaded once for both of
+ * its sub-blocks (low nibbles, high nibbles), each summed over its 4 registers in its own i32 chain
+ * and multiplied by its rows' scales. */
+PX_TARGET static ALWAYS_INLINE void q6_block_sums(const pl_block_q6_Kx8 *blk, const char *x, int64_t xs,
+                                                  int64_t b, const int T, __m256i *isum, const char **next,
+                                                  const char *end) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+    UNROLLED for (int h = 0; h < 2; h++) UNROLLED for (int p = 0; p < 2; p++) UNROLLED for (int kq = 0; kq < 2; kq++) {
+        const int s_low = 8 * h + 2 * p + kq, s_high = s_low + 4;
+        prefetch_some(next, end, 8); /* a block's 27 lines in its first 4 of 8 steps */
+        __m256i low_sum[4], high_sum[4];
+        UNROLLED for (int kk = 0; kk < 4; kk++) {
+            const int k = 4 * kq + kk;
+            __m256i v = _mm256_loadu_si256((const __m256i *)(blk->ql + 256 * (2 * h + p) + 32 * k));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(blk->qh + 256 * h + 32 * k));
+            /* bits 2p (4 + 2p) of qh to bits 4, 5; what the 16-bit shifts carry across bytes is masked off */
+            __m256i ql = _mm256_or_si256(_mm256_and_si256(v, low4),
+                                         _mm256_and_si256(_mm256_slli_epi16(hb, 4 - 2 * p), top2));
+            __m256i qh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                                         _mm256_and_si256(p ? _mm256_srli_epi16(hb, 2) : hb, top2));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                __m256i xl = dword_bcast(xb->qs + 128 * h + 32 * p + 4 * k);
+                __m256i xh = dword_bcast(xb->qs + 128 * h + 64 + 32 * p + 4 * k);
+                low_sum[t] = DPBUSD(kk == 0 ? _mm256_setzero_si256() : low_sum[t], ql, xl);
+                high_sum[t] = DPBUSD(kk == 0 ? _mm256_setzero_si256() : high_sum[t], qh, xh);
+                IN_ORDER(low_sum[t]);
+                IN_ORDER(high_sum[t]);
+            }
+        }
+        __m256i low_scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)blk->scales[s_low]));
+        __m256i high_scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)blk->scales[s_high]));
+        UNROLLED for (int t = 0; t < T; t++) {
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(low_sum[t], low_scale));
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(high_sum[t], high_scale));
+        }
+    }
+}
+#else
+/* isum[t] += Σ_s sc_s·Σ q·x over block b of a q6_Kx8 group against activation rows t < T, sub-block
+ * by sub-block: a maddubs lane reaches 2·63·128, so two registers' products add up in i16 (≤ 32256)
+ * before each madd by the rows' scales. */
+PX_TARGET static ALWAYS_INLINE void q6_block_sums(const pl_block_q6_Kx8 *blk, const char *x, int64_t xs,
+                                                  int64_t b, const int T, __m256i *isum, const char **next,
+                                                  const char *end) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+    /* two loops of 8: GCC would not unroll one of 16 */
+    UNROLLED for (int h = 0; h < 2; h++) UNROLLED for (int s8 = 0; s8 < 8; s8++) {
+        const int s = 8 * h + s8, high = s8 / 4, p = s8 % 4 / 2, kq = s8 % 2;
+        prefetch_some(next, end, 4); /* a block's 27 lines in its first 7 of 16 sub-blocks, as q4_K's */
+        __m256i acc[4], scale = q6_scale_pairs(blk, s, s);
+        UNROLLED for (int kk = 0; kk < 4; kk++) {
+            const int k = 4 * kq + kk;
+            __m256i v = _mm256_loadu_si256((const __m256i *)(blk->ql + 256 * (2 * h + p) + 32 * k));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(blk->qh + 256 * h + 32 * k));
+            /* bits 2p (4 + 2p) of qh to bits 4, 5; what the 16-bit shifts carry across bytes is masked off */
+            __m256i q = high ? _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                                               _mm256_and_si256(p ? _mm256_srli_epi16(hb, 2) : hb, top2))
+                             : _mm256_or_si256(_mm256_and_si256(v, low4),
+                                               _mm256_and_si256(_mm256_slli_epi16(hb, 4 - 2 * p), top2));
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                __m256i xd = dword_bcast(xb->qs + 128 * h + 64 * high + 32 * p + 4 * k);
+                __m256i prod = _mm256_maddubs_epi16(q, xd);
+                acc[t] = kk % 2 == 0 ? prod : _mm256_add_epi16(acc[t], prod);
+                IN_ORDER(acc[t]);
+                if (kk % 2) isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(acc[t], scale));
+            }
+        }
+    }
+}
+#endif
+
+/* As k4_tile, the block's integer sum from q6_block_sums; the −32 of every element comes in as
+ * −32·Σ_s sc_s·bsums[s], exact, the block's start. */
 PX_TARGET static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     (void)off;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
     __m256 sd[4];
     UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -490,30 +632,7 @@ PX_TARGET static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t 
         }
         UNROLLED for (int t = 0; t < T; t++)
             isum[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr[t], 5));
-        /* two loops of 8: GCC would not unroll one of 16 */
-        UNROLLED for (int h = 0; h < 2; h++) UNROLLED for (int s8 = 0; s8 < 8; s8++) {
-            const int s = 8 * h + s8, high = s8 / 4, p = s8 % 4 / 2, kq = s8 % 2;
-            prefetch_some(&next, end, 4); /* a block's 27 lines in its first 7 of 16 sub-blocks, as q4_K's */
-            __m256i acc[4], scale = q6_scale_pairs(&w[b], s, s);
-            UNROLLED for (int kk = 0; kk < 4; kk++) {
-                const int k = 4 * kq + kk;
-                __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].ql + 256 * (2 * h + p) + 32 * k));
-                __m256i hb = _mm256_loadu_si256((const __m256i *)(w[b].qh + 256 * h + 32 * k));
-                /* bits 2p (4 + 2p) of qh to bits 4, 5; what the 16-bit shifts carry across bytes is masked off */
-                __m256i q = high ? _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
-                                                   _mm256_and_si256(p ? _mm256_srli_epi16(hb, 2) : hb, top2))
-                                 : _mm256_or_si256(_mm256_and_si256(v, low4),
-                                                   _mm256_and_si256(_mm256_slli_epi16(hb, 4 - 2 * p), top2));
-                UNROLLED for (int t = 0; t < T; t++) {
-                    const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
-                    __m256i xd = dword_bcast(xb->qs + 128 * h + 64 * high + 32 * p + 4 * k);
-                    __m256i prod = _mm256_maddubs_epi16(q, xd);
-                    acc[t] = kk % 2 == 0 ? prod : _mm256_add_epi16(acc[t], prod);
-                    IN_ORDER(acc[t]);
-                    if (kk % 2) isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(acc[t], scale));
-                }
-            }
-        }
+        q6_block_sums(&w[b], x, xs, b, T, isum, &next, end);
         __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
         UNROLLED for (int t = 0; t < T; t++) {
             const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
@@ -525,23 +644,24 @@ PX_TARGET static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t 
         store_rows(y + t * ldy, sd[t], rows_left);
 }
 
-/* Ints of stack for the activation offsets of a call (q4_0_offsets, q5_0_offsets): 32 KiB, rows of them at a time. */
-enum { OFFSET_INTS = 8192 };
+/* Ints of stack for the activation offsets of a call (q4_0_offsets, q5_0_offsets, k4_offsets): 64 KiB,
+ * rows of them at a time. */
+enum { OFFSET_INTS = 16384 };
 /* For the types whose tiles take no offsets. */
 static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t *off) {
     (void)x, (void)xs, (void)nb, (void)rows, (void)off;
 }
 
-/* NAME(packed, nb, g0, g1, row_end, x, xs, n, y, ldy) over NAME_part. OFFSETS (where NEEDS is 1)
- * makes what the tiles need of each activation block first, on the stack for as many rows as
+/* NAME(packed, nb, g0, g1, row_end, x, xs, n, y, ldy) over NAME_part. OFFSETS (where PER_BLOCK is
+ * not 0) makes what the tiles need of each activation block first, PER_BLOCK ints of it, on the stack for as many rows as
  * OFFSET_INTS holds (every row of a prefill but of the widest matrices, whose groups then pass over
- * the rows in parts). A row wider than that (over 262,144 columns) goes to SCALAR, the reference
+ * the rows in parts). A row wider than that (over 524,288 columns of q4_0) goes to SCALAR, the reference
  * whose bits every kernel gives. */
-#define PACKED_GEMM(NAME, OFFSETS, NEEDS, SCALAR)                                                            \
+#define PACKED_GEMM(NAME, OFFSETS, PER_BLOCK, SCALAR)                                                            \
     PX_TARGET static void PX_NAME(NAME)(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end, \
                                         const void *vx, int64_t xs, int n, float *y, int64_t ldy) {       \
         int32_t off[OFFSET_INTS];                                                                         \
-        int64_t fit = NEEDS ? OFFSET_INTS / nb : n;                                                       \
+        int64_t fit = PER_BLOCK ? OFFSET_INTS / (nb * PER_BLOCK) : n;                                     \
         if (fit == 0) {                                                                                   \
             SCALAR(packed, nb, g0, g1, row_end, vx, xs, n, y, ldy);                                       \
             return;                                                                                       \
@@ -557,8 +677,8 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
 
 /* NAME_part over TILE: a group at a time in memory order, in tiles of 4 activation rows and one of
  * the rest. The first tile over a group reads it from memory and prefetches: AHEAD bytes on for up
- * to 4 rows, else the next group; never past the range's last group. off: the rows' offsets, nb a row. */
-#define PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD)                                                                 \
+ * to 4 rows, else the next group; never past the range's last group. off: the rows' offsets, nb·PER_BLOCK a row. */
+#define PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK)                                                                 \
     PX_TARGET static void PX_NAME(NAME##_part)(const void *packed, int64_t nb, int64_t g0, int64_t g1,       \
                                                int64_t row_end, const char *x, int64_t xs, int n, float *y,   \
                                                int64_t ldy, const int32_t *off) {                             \
@@ -574,25 +694,25 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
             int64_t pf_bytes = ahead ? (int64_t)sizeof(BLOCK) : 0;                                        \
             int t = 0;                                                                                    \
             for (; t + 4 <= n; t += 4, pf_bytes = 0)                                                      \
-                TILE(wg, nb, x + t * xs, xs, 4, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb);  \
+                TILE(wg, nb, x + t * xs, xs, 4, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK);  \
             switch (n - t) {                                                                              \
-            case 3: TILE(wg, nb, x + t * xs, xs, 3, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
-            case 2: TILE(wg, nb, x + t * xs, xs, 2, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
-            case 1: TILE(wg, nb, x + t * xs, xs, 1, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb); break; \
+            case 3: TILE(wg, nb, x + t * xs, xs, 3, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
+            case 2: TILE(wg, nb, x + t * xs, xs, 2, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
+            case 1: TILE(wg, nb, x + t * xs, xs, 1, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
             }                                                                                             \
         }                                                                                                 \
     }
 
-#define PACKED_KERNEL(NAME, BLOCK, TILE, AHEAD, OFFSETS, NEEDS, SCALAR) \
-    PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD)                         \
-    PACKED_GEMM(NAME, OFFSETS, NEEDS, SCALAR)
+#define PACKED_KERNEL(NAME, BLOCK, TILE, AHEAD, OFFSETS, PER_BLOCK, SCALAR) \
+    PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK)                     \
+    PACKED_GEMM(NAME, OFFSETS, PER_BLOCK, SCALAR)
 
 PACKED_KERNEL(gemm_q4_0x8, pl_block_q4_0x8, q4_0_tile, STREAM_AHEAD, q4_0_offsets, 1, pl_gemm_q4_0x8_scalar)
 PACKED_KERNEL(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, STREAM_AHEAD, no_offsets, 0, pl_gemm_q4_1x8_scalar)
 PACKED_KERNEL(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, STREAM_AHEAD, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
 PACKED_KERNEL(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, STREAM_AHEAD, no_offsets, 0, pl_gemm_q8_0x8_scalar)
-PACKED_KERNEL(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, STREAM_AHEAD_K, no_offsets, 0, pl_gemm_q4_Kx8_scalar)
-PACKED_KERNEL(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, STREAM_AHEAD_K, no_offsets, 0, pl_gemm_q5_Kx8_scalar)
+PACKED_KERNEL(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, STREAM_AHEAD_K, k4_offsets, 4, pl_gemm_q4_Kx8_scalar)
+PACKED_KERNEL(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, STREAM_AHEAD_K, k4_offsets, 4, pl_gemm_q5_Kx8_scalar)
 PACKED_KERNEL(gemm_q6_Kx8, pl_block_q6_Kx8, q6_K_tile, STREAM_AHEAD_K, no_offsets, 0, pl_gemm_q6_Kx8_scalar)
 
 int PX_NAME(pl_install_packed)(void) {

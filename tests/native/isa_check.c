@@ -792,6 +792,36 @@ static void check_packed(ctx_t *c, int type) {
     free(got);
 }
 
+/* A row so wide that a call's activation offsets (q4_0, q5_0, q4_K, q5_K) do not fit the kernel's
+ * stack for 17 rows at once: the groups then pass over the rows in parts, which must give the same
+ * bits as the scalar kernel in one pass. */
+static void check_packed_wide(ctx_t *c, int type) {
+    pl_packed_gemm_fn ks = pl_packed_kernel_of(&c->simd->p, type);
+    pl_packed_gemm_fn kr = pl_packed_kernel_of(&c->ref->p, type);
+    stat_t *s = stat_of(type_name(c, type), "gemm_packed", ks != kr);
+    enum { ROWS = 9, COLS = 65536, N = 17 };
+    int vt = c->ref->t[type].vec_dot_type;
+    int64_t nb = COLS / c->ref->t[type].block_size, groups = (ROWS + PL_PACK_ROWS - 1) / PL_PACK_ROWS;
+    int64_t xrow = pl_row_size(vt, COLS);
+    uint8_t *w = malloc((size_t)(ROWS * pl_row_size(type, COLS)));
+    uint8_t *packed = malloc((size_t)pl_packed_bytes(type, ROWS, COLS));
+    uint8_t *xq = malloc((size_t)(N * xrow));
+    float *x = malloc(COLS * sizeof(float)), want[N * ROWS], got[N * ROWS];
+    random_blocks(type, w, ROWS * nb, SCALES_NORMAL, &c->rng);
+    pl_pack_groups(type, w, ROWS, COLS, packed, 0, groups);
+    for (int t = 0; t < N; t++) {
+        gaussian(x, COLS, &c->rng);
+        c->ref->t[vt].from_f32(x, xq + t * xrow, COLS);
+    }
+    kr(packed, nb, 0, groups, ROWS, xq, xrow, N, want, ROWS);
+    ks(packed, nb, 0, groups, ROWS, xq, xrow, N, got, ROWS);
+    same_floats(s, "9 x 65536, n=17 (the rows in parts)", got, want, N * ROWS);
+    free(w);
+    free(packed);
+    free(xq);
+    free(x);
+}
+
 /* ---------------------------------------------------------------- pl_vec */
 
 static const int VEC_LENS[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 576, 1000, 1536, 4099};
@@ -1167,7 +1197,10 @@ int main(int argc, char **argv) {
             check_from_f32(&c, type, 1);
             check_vec_dot(&c, type);
             check_vec_dot_rows(&c, type);
-            if (pl_packed_type(type)) check_packed(&c, type);
+            if (pl_packed_type(type)) {
+                check_packed(&c, type);
+                check_packed_wide(&c, type);
+            }
         }
         check_vec(&c);
         check_vec_qk(&c);
