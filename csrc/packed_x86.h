@@ -74,7 +74,8 @@ PX_TARGET static inline __m256i pair_sums(__m256i p) {
 /* The products of u8 by s8 bytes, 4 to a dword lane: pair_dot(u0, s0, u1, s1) sums two registers'
  * products and pair_add two such sums, in i16 pairs where maddubs makes them (each caller bounds them
  * below 2^15) or in i32 where vpdpbusd does; pair_widen gives the i32 lanes either way. signed_dot
- * is one register's products in i32. Integer sums, exact: both builds give the same bits. */
+ * is one register's products in i32; madd_add adds i16 pairs' products to i32 lanes (vpdpwssd, or
+ * madd and add). Integer sums, exact: both builds give the same bits. */
 #if PX_VNNI
 #if PX_VNNI == 2
 #define DPBUSD _mm256_dpbusd_avx_epi32
@@ -87,6 +88,12 @@ PX_TARGET static inline __m256i pair_dot(__m256i u0, __m256i s0, __m256i u1, __m
 PX_TARGET static inline __m256i pair_add(__m256i p, __m256i q) { return _mm256_add_epi32(p, q); }
 PX_TARGET static inline __m256i pair_widen(__m256i p) { return p; }
 PX_TARGET static inline __m256i signed_dot(__m256i u, __m256i s) { return DPBUSD(_mm256_setzero_si256(), u, s); }
+#if PX_VNNI == 2
+#define DPWSSD _mm256_dpwssd_avx_epi32
+#else
+#define DPWSSD _mm256_dpwssd_epi32
+#endif
+PX_TARGET static inline __m256i madd_add(__m256i acc, __m256i a, __m256i b) { return DPWSSD(acc, a, b); }
 #else
 PX_TARGET static inline __m256i pair_dot(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
     return _mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1));
@@ -95,6 +102,9 @@ PX_TARGET static inline __m256i pair_add(__m256i p, __m256i q) { return _mm256_a
 PX_TARGET static inline __m256i pair_widen(__m256i p) { return pair_sums(p); }
 PX_TARGET static inline __m256i signed_dot(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+PX_TARGET static inline __m256i madd_add(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
 }
 #endif
 
@@ -504,7 +514,7 @@ PX_TARGET static ALWAYS_INLINE void k4_tile(const char *w, const int64_t bs, con
             const int32_t *pairs = off + 4 * (t * nb + b);
             __m256i imin = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(pairs[0]));
             UNROLLED for (int i = 1; i < 4; i++)
-                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mins[i], _mm256_set1_epi32(pairs[i])));
+                imin = madd_add(imin, mins[i], _mm256_set1_epi32(pairs[i]));
             __m256 scale = _mm256_mul_ps(dmin, _mm256_set1_ps(xb->d));
             sm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), scale, sm[t]);
         }
@@ -627,7 +637,7 @@ PX_TARGET static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t 
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
                 __m256i bsums = dword_bcast((const int8_t *)(xb->bsums + 2 * m)); /* bsums 2m, 2m + 1 */
-                corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(pairs, bsums));
+                corr[t] = madd_add(corr[t], pairs, bsums);
             }
         }
         UNROLLED for (int t = 0; t < T; t++)
