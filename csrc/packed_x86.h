@@ -74,7 +74,7 @@ PX_TARGET static inline __m256i pair_sums(__m256i p) {
 /* The products of u8 by s8 bytes, 4 to a dword lane: pair_dot(u0, s0, u1, s1) sums two registers'
  * products and pair_add two such sums, in i16 pairs where maddubs makes them (each caller bounds them
  * below 2^15) or in i32 where vpdpbusd does; pair_widen gives the i32 lanes either way. signed_dot
- * is one register's products in i32; madd_add adds i16 pairs' products to i32 lanes (vpdpwssd, or
+ * is one register's products in i32, signed_dot_add adds them to an i32 sum; madd_add adds i16 pairs' products to i32 lanes (vpdpwssd, or
  * madd and add). Integer sums, exact: both builds give the same bits. */
 #if PX_VNNI
 #if PX_VNNI == 2
@@ -88,6 +88,7 @@ PX_TARGET static inline __m256i pair_dot(__m256i u0, __m256i s0, __m256i u1, __m
 PX_TARGET static inline __m256i pair_add(__m256i p, __m256i q) { return _mm256_add_epi32(p, q); }
 PX_TARGET static inline __m256i pair_widen(__m256i p) { return p; }
 PX_TARGET static inline __m256i signed_dot(__m256i u, __m256i s) { return DPBUSD(_mm256_setzero_si256(), u, s); }
+PX_TARGET static inline __m256i signed_dot_add(__m256i acc, __m256i u, __m256i s) { return DPBUSD(acc, u, s); }
 #if PX_VNNI == 2
 #define DPWSSD _mm256_dpwssd_avx_epi32
 #else
@@ -103,10 +104,18 @@ PX_TARGET static inline __m256i pair_widen(__m256i p) { return pair_sums(p); }
 PX_TARGET static inline __m256i signed_dot(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
+PX_TARGET static inline __m256i signed_dot_add(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, signed_dot(u, s));
+}
 PX_TARGET static inline __m256i madd_add(__m256i acc, __m256i a, __m256i b) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
 }
 #endif
+
+/* Integer sums a tile keeps per activation row: vpdpbusd accumulates in place, and its latency is
+ * hidden only with 8 or more chains in flight (2 per row of a 4-row tile); maddubs sums in i16 and
+ * adds, one chain a row. */
+enum { DOT_CHAINS = PX_VNNI ? 2 : 1 };
 
 /* The 4 activation bytes at p in every dword. */
 PX_TARGET static inline __m256i dword_bcast(const int8_t *p) {
@@ -224,18 +233,20 @@ PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t 
     UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
-        __m256i acc[4];
+        __m256i acc[DOT_CHAINS][4];
         UNROLLED for (int k = 0; k < 8; k++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k)), av = _mm256_sign_epi8(v, v);
+            const int ch = k % DOT_CHAINS;
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
-                __m256i xd = dword_bcast(xb->qs + 4 * k);
-                __m256i q = signed_dot(av, _mm256_sign_epi8(xd, v));
-                acc[t] = k == 0 ? q : _mm256_add_epi32(acc[t], q);
-                IN_ORDER(acc[t]);
+                __m256i sx = _mm256_sign_epi8(dword_bcast(xb->qs + 4 * k), v);
+                acc[ch][t] = k < DOT_CHAINS ? signed_dot(av, sx) : signed_dot_add(acc[ch][t], av, sx);
+                IN_ORDER(acc[ch][t]);
             }
         }
-        add_q8_0_blocks(sd, acc, w[b].d, x, xs, b, T);
+        UNROLLED for (int ch = 1; ch < DOT_CHAINS; ch++)
+            UNROLLED for (int t = 0; t < T; t++) acc[0][t] = _mm256_add_epi32(acc[0][t], acc[ch][t]);
+        add_q8_0_blocks(sd, acc[0], w[b].d, x, xs, b, T);
     }
     UNROLLED for (int t = 0; t < T; t++)
         store_rows(y + t * ldy, sd[t], rows_left);
@@ -254,21 +265,33 @@ PX_TARGET static ALWAYS_INLINE void q4_0_tile(const pl_block_q4_0x8 *w, int64_t 
     UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
-        __m256i p[4];
+        __m256i p[4], isum[4];
+#if PX_VNNI
+        __m256i hi_sum[4]; /* the high nibbles' products in a chain of their own (DOT_CHAINS) */
+#endif
         UNROLLED for (int k = 0; k < 4; k++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k));
             __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
                 __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
+#if PX_VNNI
+                p[t] = signed_dot_add(k == 0 ? _mm256_set1_epi32(off[t * nb + b]) : p[t], lo, xl);
+                hi_sum[t] = k == 0 ? signed_dot(hi, xh) : signed_dot_add(hi_sum[t], hi, xh);
+                IN_ORDER(hi_sum[t]);
+#else
                 __m256i q = pair_dot(lo, xl, hi, xh);
                 p[t] = k == 0 ? q : pair_add(p[t], q);
+#endif
                 IN_ORDER(p[t]);
             }
         }
-        __m256i isum[4];
         UNROLLED for (int t = 0; t < T; t++)
+#if PX_VNNI
+            isum[t] = _mm256_add_epi32(p[t], hi_sum[t]);
+#else
             isum[t] = _mm256_add_epi32(_mm256_set1_epi32(off[t * nb + b]), pair_widen(p[t]));
+#endif
         add_q8_0_blocks(sd, isum, w[b].d, x, xs, b, T);
     }
     UNROLLED for (int t = 0; t < T; t++)
