@@ -178,17 +178,29 @@ PX_TARGET static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t 
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
         __m256i p[4];
+#if PX_VNNI
+        __m256i hi_sum[4]; /* the high nibbles' products in a chain of their own (DOT_CHAINS) */
+#endif
         UNROLLED for (int k = 0; k < 4; k++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k));
             __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
                 __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
+#if PX_VNNI
+                p[t] = k == 0 ? signed_dot(lo, xl) : signed_dot_add(p[t], lo, xl);
+                hi_sum[t] = k == 0 ? signed_dot(hi, xh) : signed_dot_add(hi_sum[t], hi, xh);
+                IN_ORDER(hi_sum[t]);
+#else
                 __m256i q = pair_dot(lo, xl, hi, xh);
                 p[t] = k == 0 ? q : pair_add(p[t], q);
+#endif
                 IN_ORDER(p[t]);
             }
         }
+#if PX_VNNI
+        UNROLLED for (int t = 0; t < T; t++) p[t] = _mm256_add_epi32(p[t], hi_sum[t]);
+#endif
         __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].d));
         UNROLLED for (int t = 0; t < T; t++) {
             const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
@@ -338,13 +350,18 @@ PX_TARGET static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t 
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
         __m256i acc[4], qh;
+#if PX_VNNI
+        __m256i hi_sum[4]; /* the high elements' products in a chain of their own (DOT_CHAINS) */
+#endif
         qh = _mm256_loadu_si256((const __m256i *)w[b].qh);
         UNROLLED for (int t = 0; t < T; t++) {
             __m256i start = _mm256_set1_epi32(off[t * nb + b]);
             acc[t] = start;
         }
         UNROLLED for (int half = 0; half < 2; half++) {
+#if !PX_VNNI
             __m256i p[4];
+#endif
             UNROLLED for (int kk = 0; kk < 2; kk++) {
                 const int k = 2 * half + kk;
                 __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k));
@@ -357,14 +374,26 @@ PX_TARGET static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t 
                 UNROLLED for (int t = 0; t < T; t++) {
                     const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
                     __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
+#if PX_VNNI
+                    acc[t] = signed_dot_add(acc[t], lo, xl);
+                    hi_sum[t] = k == 0 ? signed_dot(hi, xh) : signed_dot_add(hi_sum[t], hi, xh);
+                    IN_ORDER(acc[t]);
+                    IN_ORDER(hi_sum[t]);
+#else
                     __m256i q = pair_dot(lo, xl, hi, xh);
                     p[t] = kk == 0 ? q : pair_add(p[t], q);
                     IN_ORDER(p[t]);
+#endif
                 }
             }
+#if !PX_VNNI
             UNROLLED for (int t = 0; t < T; t++)
                 acc[t] = _mm256_add_epi32(acc[t], pair_widen(p[t]));
+#endif
         }
+#if PX_VNNI
+        UNROLLED for (int t = 0; t < T; t++) acc[t] = _mm256_add_epi32(acc[t], hi_sum[t]);
+#endif
         add_q8_0_blocks(sd, acc, w[b].d, x, xs, b, T);
     }
     UNROLLED for (int t = 0; t < T; t++)
