@@ -7,7 +7,9 @@ of a given text, and free chat. Targets: SmolLM2-135M-Instruct Q4_1 (proposers l
 and the same model as a bf16 folder (f32 compute; proposers lookup, self:N and a draft: the Q4_1 file,
 same tokenizer, a third of the bytes). Every speculative output is checked to be the plain output
 token for token. Decode tok/s = (tokens - 1) / (generation time - the time to the first token,
-measured alone), each from a fresh cache; best of --rounds, the settings taking turns. Forward calls:
+measured alone), each from a fresh cache; best of --rounds, the settings taking turns; the last column
+has each round's decode against plain's in the same round, and their median (on a shared machine the
+per-round ratios say more than the best of each). Forward calls:
 the model's calls after the prompt (plain: one per token), which no load on the machine changes.
 --tasks and --targets take subsets (--targets gemma3: Gemma 3 270M Q4_K_M, lookup and self:14).
 Prints a Markdown table and the machine.
@@ -18,6 +20,7 @@ import argparse
 import inspect
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -65,11 +68,12 @@ def tasks() -> dict[str, list[dict]]:
 
 
 def timed(llm, ids, max_tokens, settings, rounds):
-    """[(completion, best decode tok/s, best end-to-end tok/s)] for each speculative setting, the
-    settings taking turns in each round so that a change in the machine's load hits them alike."""
-    best = [[None, 0.0, 0.0] for _ in settings]
-    for _ in range(rounds):
-        for result, speculative in zip(best, settings):
+    """[(completion, best decode tok/s, best end-to-end tok/s, decode tok/s of each round)] for each
+    speculative setting, the settings taking turns in each round (in reverse order every other round)
+    so that a change in the machine's load hits them alike."""
+    best = [[None, 0.0, 0.0, []] for _ in settings]
+    for r in range(rounds):
+        for result, speculative in (zip(best, settings) if r % 2 == 0 else reversed(list(zip(best, settings)))):
             llm.reset()
             start = time.perf_counter()
             llm.generate(ids, max_tokens=1, speculative="off")
@@ -79,7 +83,9 @@ def timed(llm, ids, max_tokens, settings, rounds):
             out = llm.generate(ids, max_tokens=max_tokens, speculative=speculative)
             total = time.perf_counter() - start
             n = len(out.token_ids)
-            result[:] = [out, max(result[1], (n - 1) / max(total - first, 1e-9)), max(result[2], n / total)]
+            decode = (n - 1) / max(total - first, 1e-9)
+            result[:3] = [out, max(result[1], decode), max(result[2], n / total)]
+            result[3].append(decode)
     return best
 
 
@@ -128,12 +134,12 @@ def main() -> None:
           f"{args.threads} threads; load average at start {os.getloadavg()}; pyllm commit {commit}", flush=True)
     print(f"- greedy, {args.max_tokens} tokens at most, best of {args.rounds} rounds, a fresh cache each")
     print("| target | task | prompt tokens | proposer | tokens | forward calls | accepted/proposed | decode tok/s "
-          "| end-to-end tok/s | decode vs plain |")
-    print("|---|---|--:|---|--:|--:|--:|--:|--:|--:|", flush=True)
+          "| end-to-end tok/s | decode vs plain | per round: median (each) |")
+    print("|---|---|--:|---|--:|--:|--:|--:|--:|--:|--:|", flush=True)
 
-    def row(target, task, n_prompt, proposer, n, calls, counts, decode, total, ratio):
+    def row(target, task, n_prompt, proposer, n, calls, counts, decode, total, ratio, rounds=""):
         print(f"| {target} | {task} | {n_prompt} | {proposer} | {n} | {calls} | {counts} | {decode:.1f} | {total:.1f} "
-              f"| {ratio:.2f}x |", flush=True)
+              f"| {ratio:.2f}x | {rounds} |", flush=True)
 
     for source, draft, proposers in setups:
         llm = pyllm.load(source, threads=args.threads,
@@ -147,14 +153,16 @@ def main() -> None:
             template = None if llm.tokenizer.chat_template else GEMMA_TURNS
             ids = llm.tokenizer.encode(llm.render_chat(messages, chat_template=template), add_special=False)
             settings = ["off"] + [drafted if proposer == "draft" else proposer for proposer in proposers]
-            (plain, decode0, total0), *runs = timed(llm, ids, args.max_tokens, settings, args.rounds)
+            (plain, decode0, total0, plain_rounds), *runs = timed(llm, ids, args.max_tokens, settings, args.rounds)
             row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids), len(plain.token_ids) - 1, "",
                 decode0, total0, 1.0)
-            for proposer, (out, decode, total) in zip(proposers, runs):
+            for proposer, (out, decode, total, each) in zip(proposers, runs):
                 assert out.token_ids == plain.token_ids, f"{proposer} on {task}: not the plain tokens"
                 counts = out.usage["speculative"]
+                ratios = [a / b for a, b in zip(each, plain_rounds)]
+                rounds = f"{statistics.median(ratios):.3f}x ({' '.join(f'{x:.2f}' for x in ratios)})"
                 row(os.path.basename(source), task, len(ids), counts["proposer"], len(out.token_ids), counts["steps"],
-                    f"{counts['accepted']}/{counts['proposed']}", decode, total, decode / decode0)
+                    f"{counts['accepted']}/{counts['proposed']}", decode, total, decode / decode0, rounds)
 
 if __name__ == "__main__":
     main()

@@ -31,7 +31,7 @@ from bench_speculative import GEMMA_TURNS, call_times, tasks  # noqa: E402
 
 def replay(prompt: list[int], output: list[int], costs: speculative.Costs) -> list[int]:
     """The rows of each forward call lookup speculation makes after the first token of output."""
-    gen = types.SimpleNamespace(sampler=types.SimpleNamespace(params=SamplingParams()))
+    gen = types.SimpleNamespace(ids=prompt, sampler=types.SimpleNamespace(params=SamplingParams()))
     planner = speculative.Speculator("lookup", speculative.PromptLookup(), gen, 0, costs)
     made, calls = 1, []
     while made < len(output):

@@ -30,20 +30,25 @@ and odds. The costs: a one-token step's time, a verifying call's time against it
 proposer's time per drafted token, all measured as the model runs (a model's costs are kept across its
 generations); sampled generations use the fixed cost model instead (ROW_COST, the proposer's share of
 the bytes a step reads), so that a seed's tokens never depend on timings. The odds: how often a
-proposal of its kind is taken (a lookup keeps them by the length of its match). A round proposes the
-k that makes the most tokens per step's worth of time, expecting each draft taken with the odds after
-the one before it; where none pays (under 1 token per step), it steps plainly and that kind of
-proposal waits a number of chances that doubles each time a probe after the wait still does not pay.
-A new generation's first rounds trust the proposer (longer drafts each round) until it misses once.
-A proposer whose drafts cost as much as the steps they would save (a self-draft of most layers, a
-draft model as large as the target) gets one trusted round, then passes up LONGEST_PAUSE chances at
-a time.
+proposal of its kind is taken. A lookup keeps them by the length of its match and learns them from
+every token the model makes, proposed or not (what its match predicted is known once the token is:
+free), starting from priors that are low for short matches, so on text that does not repeat it
+learns to stay quiet without paying for failed proposals. A round proposes the k that makes the
+most tokens per step's worth of time, expecting each draft taken with its odds (a lookup's along the
+match as it would grow) once the one before it was; where none pays (under 1 token per step),
+it steps plainly and that kind of proposal waits: a lookup FIRST_PAUSE chances, then plans again with
+the odds learned meanwhile; a proposer whose odds learn only from its proposals a number of chances
+that doubles each time a probe after the wait still does not pay. Such a proposer's first rounds in a
+new generation trust it (longer drafts each round) until it misses once. A proposer whose drafts
+cost as much as the steps they would save (a self-draft of most layers, a draft model as large as
+the target) gets one trusted round, then passes up LONGEST_PAUSE chances at a time.
 """
 from __future__ import annotations
 
 import os
 import time
 import weakref
+from itertools import repeat
 
 import numpy as np
 
@@ -59,9 +64,13 @@ CHEAP_DRAFT = 0.25  # a proposer dearer than this share of a step per token star
 # reads the weights once for all rows, so a row adds its arithmetic (SmolLM2 on 2 threads: 0.19, a
 # compute-bound 135M model; laptop-shape 1B files less: see benchmarks/RESULTS.md).
 ROW_COST = 0.15
+NEGLIGIBLE = 0.01  # the odds past which a longer draft is not considered
 COST_MEMORY = 0.9  # the weight of the past in the running averages of measured times
-ODDS_MEMORY = 0.9  # the weight of the past in the counts of taken proposals, per round
-PRIOR_TAKEN, PRIOR_TRIES = 1.4, 2.0  # odds of 0.7 before a proposal of a kind was judged
+ODDS_MEMORY = 0.9  # the weight of the past in the counts of taken proposals, per round (a lookup's: per token judged)
+PRIOR_RATE, PRIOR_TRIES = 0.7, 2.0  # the odds before a proposal of a kind was judged, weighing 2 tries
+# a lookup's odds before it was judged, by the length of its match (1, 2-3, 4-7, 8-15, 16): on
+# bench_speculative's tasks a match of 1 predicted the next token 10-60% of the time, one of 8 or more 86-100%
+LOOKUP_PRIORS = (0.3, 0.5, 0.7, 0.85, 0.9)
 FIRST_PAUSE, LONGEST_PAUSE = 16, 512  # chances passed up while a kind of proposal does not pay
 LOOKUP_NGRAMS = (4, 3, 2, 1)  # the n-gram lengths a lookup indexes, longest first
 LONGEST_MATCH = 16  # a lookup's match is measured back this far: its odds are kept by 1, 2-3, 4-7, 8-15, 16
@@ -188,8 +197,8 @@ class Odds:
     """How often one kind of proposal is taken (running counts: each draft is a try until one is
     turned down), and the chances it passes up while it does not pay."""
 
-    def __init__(self):
-        self.taken, self.tries = PRIOR_TAKEN, PRIOR_TRIES
+    def __init__(self, prior: float = PRIOR_RATE):
+        self.taken, self.tries = prior * PRIOR_TRIES, PRIOR_TRIES
         self.passing = 0  # chances still to pass up
         self.wait = FIRST_PAUSE  # the next pause
         self.probe = False  # the pause just ended: the next chance runs a round whatever it expects
@@ -205,35 +214,55 @@ class Odds:
 
 class PromptLookup:
     """Proposes what followed the last earlier occurrence of the context's final n-gram (the
-    longest of LOOKUP_NGRAMS that occurred), from an index that grows with the context; the longer
-    the stretch that matches there, the better its odds (kept apart) and the longer its drafts."""
+    longest of LOOKUP_NGRAMS that occurred), from an index that grows with the context. Its odds
+    are kept by the length of the stretch that matches there, and they learn from every token the
+    model makes, proposed or not: the token the match predicted is known as soon as the model's
+    own is, so a lookup learns that it does not pay without proposing a thing."""
 
     cost = 0.0
 
     def __init__(self):
         self.seen = 0  # context tokens indexed
         self.index: dict[tuple, int] = {}  # n-gram -> where the tokens after its latest occurrence start
-        self.by_length = [Odds() for _ in range(LONGEST_MATCH.bit_length())]
-        self.at = 0  # where the drafts of the match odds() found start
+        self.by_length = [Odds(prior) for prior in LOOKUP_PRIORS]
+        # a match of n tokens predicts its next token with the odds at_length[n]
+        self.at_length = [self.by_length[min(n, LONGEST_MATCH).bit_length() - 1]
+                          for n in range(LONGEST_MATCH + MAX_DRAFT + 1)]
+        self.at = 0  # where the drafts of the last match start
+        self.length = 0  # how many tokens matched there (0: no match)
+        self.end = 0  # the context's length then
 
     def odds(self, context: list[int]) -> tuple[Odds | None, int]:
         """The odds of a proposal from the context's match and the most tokens it can propose;
         (None, 0) without a match."""
-        # an n-gram ending at e is indexed once a token follows it: e < len(context)
-        for end in range(max(self.seen, 1), len(context)):
+        end = len(context)
+        if self.length:  # the last match's predictions against the tokens made since, up to a miss
+            for i in range(min(end - self.end, MAX_DRAFT + 1)):
+                hit = context[self.at + i] == context[self.end + i]
+                self.at_length[self.length + i].record(1, hit)
+                if not hit:
+                    break
+        self.end, self.length = end, 0
+        # an n-gram ending at e is indexed once a token follows it: e < end
+        for e in range(max(self.seen, 1), end):
             for n in LOOKUP_NGRAMS:
-                if end >= n:
-                    self.index[tuple(context[end - n:end])] = end
-        self.seen = max(self.seen, len(context))
+                if e >= n:
+                    self.index[tuple(context[e - n:e])] = e
+        self.seen = end
         for n in LOOKUP_NGRAMS:
-            at = self.index.get(tuple(context[-n:])) if len(context) >= n else None
+            at = self.index.get(tuple(context[-n:])) if end >= n else None
             if at is not None:
                 length = n
-                while length < min(LONGEST_MATCH, at) and context[at - 1 - length] == context[-1 - length]:
+                while length < min(LONGEST_MATCH, at) and context[at - 1 - length] == context[end - 1 - length]:
                     length += 1
-                self.at = at
-                return self.by_length[length.bit_length() - 1], len(context) - at
+                self.at, self.length = at, length
+                return self.at_length[length], end - at
         return None, 0
+
+    def rates(self):
+        """The odds of each draft along the match, once the ones before it were taken."""
+        for odds in self.at_length[self.length:]:
+            yield odds.rate
 
     def propose(self, context: list[int], k: int, choose) -> tuple[list[int], list]:
         drafts = context[self.at:self.at + k]
@@ -316,6 +345,8 @@ class Speculator:
         # a seed's tokens must not depend on timings: sampled generations keep the fixed cost model
         self.timed = costs is not None and gen.sampler.params.greedy
         self.costs = costs if self.timed else Costs()
+        self.lookup = isinstance(proposer, PromptLookup)
+        self.context = list(gen.ids)  # the prompt and the tokens generated, grown in place
         self.draft_cost = self.costs.drafts.get(name, proposer.cost)  # a drafted token's time, in steps
         self.rounds = 0  # rounds that proposed
         self.missed = False  # a draft was turned down
@@ -340,7 +371,8 @@ class Speculator:
         room = min(gen.max_tokens - len(gen.generated),  # the last row would go unused past these
                    gen.n_ctx - cache.seq.pos - 1, cache.seq.exact_rows - 1)
         self.drafts, self.qs = [], []
-        context = gen.context()
+        context = self.context
+        context += gen.generated[len(context) - len(gen.ids):]
         k = self._plan(context, room) if room > 0 else 0
         if k:
             if isinstance(self.proposer, SelfDraft):
@@ -370,13 +402,19 @@ class Speculator:
             return 0
         if odds.passing:
             odds.passing -= 1
-            odds.probe = odds.passing == 0
+            odds.probe = odds.passing == 0 and not self.lookup
             return 0
-        hopeless = self._best(1.0, MAX_DRAFT)[1] < 1  # not even drafts that were always taken would pay
+        if self.lookup:
+            k, value = self._best(self.proposer.rates(), most)
+            if value >= 1:
+                return k
+            odds.passing = FIRST_PAUSE  # its odds keep learning meanwhile: no probe, no longer pause
+            return 0
+        hopeless = self._best(repeat(1.0), MAX_DRAFT)[1] < 1  # not even drafts that were always taken would pay
         if not self.missed and self.rounds < (1 if hopeless else TRUSTED_ROUNDS):
             start = START_DRAFT if self.draft_cost < CHEAP_DRAFT else 1
             return min(start + 2 * self.rounds, most)
-        k, value = self._best(odds.rate, most)
+        k, value = self._best(repeat(odds.rate), most)
         if value >= 1 or odds.probe:
             if value >= 1:
                 odds.wait = FIRST_PAUSE
@@ -388,15 +426,19 @@ class Speculator:
             odds.passing, odds.wait = odds.wait, min(2 * odds.wait, LONGEST_PAUSE)
         return 0
 
-    def _best(self, rate: float, most: int) -> tuple[int, float]:
+    def _best(self, rates, most: int) -> tuple[int, float]:
         """The number of drafts (1 to most) that makes the most tokens per step's time, and those
-        tokens per step: each draft taken with probability rate once the one before it was."""
+        tokens per step: each draft taken with the next of rates once the one before it was."""
         best = (1, 0.0)
-        for k in range(1, most + 1):
-            expected = k + 1 if rate >= 1 else (1 - rate ** (k + 1)) / (1 - rate)
+        expected = reach = 1.0  # the tokens a round makes; the odds that every draft so far is taken
+        for k, rate in zip(range(1, most + 1), rates):
+            reach *= rate
+            expected += reach
             value = expected / (self.costs.ratio(k + 1) + k * self.draft_cost)
             if value > best[1]:
                 best = (k, value)
+            if reach < NEGLIGIBLE:  # longer drafts add next to nothing but their rows
+                break
         return best
 
     def judge(self, cache, rows: np.ndarray) -> list:
@@ -453,7 +495,8 @@ class Speculator:
         self.accepted += taken
         self.rounds += 1
         self.missed = self.missed or taken < proposed
-        self.odds.record(proposed, taken)
+        if not self.lookup:  # a lookup's odds learn from the context (PromptLookup.odds)
+            self.odds.record(proposed, taken)
 
 
 def fit_vocabulary(logits: np.ndarray, vocab_size: int) -> np.ndarray:
