@@ -2,8 +2,8 @@
  * body on the same 32-byte registers (AVX-512 VL), its u8·s8 inner products through vpdpbusd, which
  * sums 4 products into an i32 lane in one instruction where AVX2 needs maddubs, then an add in i16
  * and a widening step (madd or shifts) to i32. The integer sums are exact either way: the same bits
- * as the AVX2 build and the scalar reference. The k-quants' tiles, whose i16 sums meet their scales
- * in madd, are the AVX2 ones compiled for this target.
+ * as the AVX2 build and the scalar reference. With the 32 registers of AVX-512 the tiles keep two
+ * i32 chains of vpdpbusd a row (packed_x86.h).
  */
 #include "packed.h"
 

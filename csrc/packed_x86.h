@@ -2,8 +2,9 @@
  * with maddubs (AVX2), packed_vnni.c and packed_avxvnni.c with vpdpbusd (AVX-512 VNNI on 256-bit
  * registers; AVX-VNNI, its VEX form on CPUs without AVX-512). Each defines PX_TARGET (the functions'
  * target), PX_SUFFIX (their names' ending) and PX_VNNI (0, 1: AVX-512 VNNI, 2: AVX-VNNI) before
- * including it; only the u8·s8 inner products differ (pair_dot and signed_dot), so all give the same
- * bits.
+ * including it; only how the u8·s8 products are summed differs (pair_dot, signed_dot, and the
+ * k-quants' block sums: in i16 then madd, or straight into i32 chains), all exact integers, so all
+ * give the same bits.
  *
  * A chunk of a packed block is one 32-byte register: 4 elements of each of 8 weight rows. maddubs
  * against an activation dword broadcast to all lanes gives, per row, two i16 partial sums, which
@@ -56,15 +57,6 @@
 #define IN_ORDER(v) ((void)0)
 #endif
 
-/* v claimed to change after dep is complete: a register is unpacked only after the previous one's
- * products, rather than every register of a block first and most of them spilled (GCC did: 28%
- * slower than the maddubs form). */
-#if defined(__GNUC__) || defined(__clang__)
-#define AFTER(v, dep) __asm__("" : "+x"(v) : "x"(dep))
-#else
-#define AFTER(v, dep) ((void)0)
-#endif
-
 /* i16 pairs → i32: lane r = its two halves added. The same as madd with ones, but on the shift and
  * add pipes: on Zen 3 maddubs and madd share one multiply pipe, which the maddubs already fill. */
 PX_TARGET static inline __m256i pair_sums(__m256i p) {
@@ -74,8 +66,9 @@ PX_TARGET static inline __m256i pair_sums(__m256i p) {
 /* The products of u8 by s8 bytes, 4 to a dword lane: pair_dot(u0, s0, u1, s1) sums two registers'
  * products and pair_add two such sums, in i16 pairs where maddubs makes them (each caller bounds them
  * below 2^15) or in i32 where vpdpbusd does; pair_widen gives the i32 lanes either way. signed_dot
- * is one register's products in i32, signed_dot_add adds them to an i32 sum; madd_add adds i16 pairs' products to i32 lanes (vpdpwssd, or
- * madd and add). Integer sums, exact: both builds give the same bits. */
+ * is one register's products in i32, signed_dot_add adds them to an i32 sum; madd_add adds i16
+ * pairs' products to i32 lanes (vpdpwssd, or madd and add). Integer sums, exact: both builds give
+ * the same bits. */
 #if PX_VNNI
 #if PX_VNNI == 2
 #define DPBUSD _mm256_dpbusd_avx_epi32
@@ -715,10 +708,10 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
 }
 
 /* NAME(packed, nb, g0, g1, row_end, x, xs, n, y, ldy) over NAME_part. OFFSETS (where PER_BLOCK is
- * not 0) makes what the tiles need of each activation block first, PER_BLOCK ints of it, on the stack for as many rows as
- * OFFSET_INTS holds (every row of a prefill but of the widest matrices, whose groups then pass over
- * the rows in parts). A row wider than that (over 524,288 columns of q4_0) goes to SCALAR, the reference
- * whose bits every kernel gives. */
+ * not 0) makes what the tiles need of each activation block first, PER_BLOCK ints of it, on the
+ * stack for as many rows as OFFSET_INTS holds (every row of a prefill but of the widest matrices,
+ * whose groups then pass over the rows in parts). A row wider than that (over 524,288 columns of
+ * q4_0) goes to SCALAR, the reference whose bits every kernel gives. */
 #define PACKED_GEMM(NAME, OFFSETS, PER_BLOCK, SCALAR)                                                            \
     PX_TARGET static void PX_NAME(NAME)(const void *packed, int64_t nb, int64_t g0, int64_t g1, int64_t row_end, \
                                         const void *vx, int64_t xs, int n, float *y, int64_t ldy) {       \
@@ -739,7 +732,8 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
 
 /* NAME_part over TILE: a group at a time in memory order, in tiles of 4 activation rows and one of
  * the rest. The first tile over a group reads it from memory and prefetches: AHEAD bytes on for up
- * to 4 rows, else the next group; never past the range's last group. off: the rows' offsets, nb·PER_BLOCK a row. */
+ * to 4 rows, else the next group; never past the range's last group. off: the rows' offsets,
+ * nb·PER_BLOCK a row. */
 #define PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK)                                                                 \
     PX_TARGET static void PX_NAME(NAME##_part)(const void *packed, int64_t nb, int64_t g0, int64_t g1,       \
                                                int64_t row_end, const char *x, int64_t xs, int n, float *y,   \
