@@ -5,7 +5,7 @@ calls lookup makes on bench_speculative's tasks with a real TARGET (its greedy o
     python benchmarks/project_speculative.py COST_FILE [--target SOURCE] [--max-tokens 400] [--threads 2]
 
 The replay is exact: greedy speculation makes the plain output whatever it proposes, so feeding the
-plain output to pyllm.speculative's own lookup and round planner (with COST_FILE's measured costs by
+plain output to pyllm.speculative's own lookup and round planner (speculative.lookup_rounds) (with COST_FILE's measured costs by
 row count in place of its timings) gives the calls a speculative run would make, each with its rows.
 Projected speed-up = (tokens - 1) x the time of a one-row call / the sum of the calls' measured times.
 A projection, not a measurement: it leaves out the Python work of a round.
@@ -16,7 +16,6 @@ import argparse
 import os
 import platform
 import sys
-import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's pyllm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -25,27 +24,7 @@ import numpy as np  # noqa: E402
 
 import pyllm  # noqa: E402
 from pyllm import hub, speculative  # noqa: E402
-from pyllm.sampling import SamplingParams  # noqa: E402
 from bench_speculative import GEMMA_TURNS, call_times, tasks  # noqa: E402
-
-
-def replay(prompt: list[int], output: list[int], costs: speculative.Costs) -> list[int]:
-    """The rows of each forward call lookup speculation makes after the first token of output."""
-    gen = types.SimpleNamespace(ids=prompt, sampler=types.SimpleNamespace(params=SamplingParams()))
-    planner = speculative.Speculator("lookup", speculative.PromptLookup(), gen, 0, costs)
-    made, calls = 1, []
-    while made < len(output):
-        context = prompt + output[:made]
-        k = planner._plan(context, len(output) - made)
-        drafts = planner.proposer.propose(context, k, None)[0] if k else []
-        taken = 0
-        while taken < len(drafts) and drafts[taken] == output[made + taken]:
-            taken += 1
-        if drafts:
-            planner._record(len(drafts), taken)
-        calls.append(1 + len(drafts))
-        made += taken + 1
-    return calls
 
 
 def main() -> None:
@@ -76,7 +55,7 @@ def main() -> None:
         template = None if target.tokenizer.chat_template else GEMMA_TURNS
         ids = target.tokenizer.encode(target.render_chat(messages, chat_template=template), add_special=False)
         output = target.generate(ids, max_tokens=args.max_tokens, speculative="lookup").token_ids
-        calls = replay(ids, output, costs)
+        calls = [1 + proposed for proposed, _ in speculative.lookup_rounds(ids, output, costs)]
         spent = sum(times[n] for n in calls)
         print(f"| {task} | {len(output)} | {len(calls)} | {sum(calls)} | "
               f"{(len(output) - 1) * times[1] / spent:.2f}x |", flush=True)

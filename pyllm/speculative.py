@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import os
 import time
+import types
 import weakref
 from itertools import repeat
 
@@ -54,7 +55,7 @@ import numpy as np
 
 from . import _core
 from .kvpool import shared_prefix
-from .sampling import Sampler, _inverse_cdf
+from .sampling import Sampler, SamplingParams, _inverse_cdf
 
 MAX_DRAFT = 16  # the most tokens one round proposes
 START_DRAFT = 4  # a trusted proposer's first round; each trusted round after it proposes 2 more
@@ -497,6 +498,28 @@ class Speculator:
         self.missed = self.missed or taken < proposed
         if not self.lookup:  # a lookup's odds learn from the context (PromptLookup.odds)
             self.odds.record(proposed, taken)
+
+
+def lookup_rounds(prompt: list[int], output: list[int], costs: Costs, made: int = 1) -> list[tuple[int, int]]:
+    """(drafts proposed, drafts taken) of each round greedy lookup speculation makes on output, the
+    greedy generation after prompt, from its first `made` tokens on (1: the prefill made one), with
+    costs in place of timings. Exact without running the model: greedy speculation makes the plain
+    output whatever it proposes (benchmarks/project_speculative.py projects speed-ups from it)."""
+    gen = types.SimpleNamespace(ids=prompt, sampler=types.SimpleNamespace(params=SamplingParams()))
+    planner = Speculator("lookup", PromptLookup(), gen, 0, costs)
+    rounds = []
+    while made < len(output):
+        context = prompt + output[:made]
+        k = planner._plan(context, len(output) - made)
+        drafts = planner.proposer.propose(context, k, None)[0] if k else []
+        taken = 0
+        while taken < len(drafts) and drafts[taken] == output[made + taken]:
+            taken += 1
+        if drafts:
+            planner._record(len(drafts), taken)
+        rounds.append((len(drafts), taken))
+        made += taken + 1
+    return rounds
 
 
 def fit_vocabulary(logits: np.ndarray, vocab_size: int) -> np.ndarray:

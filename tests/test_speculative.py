@@ -3,8 +3,6 @@ text (the verifying call's rows are the bits of one-token steps, and a rollback 
 the plain path has it); sampled, rejection sampling keeps the target's distribution."""
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pytest
 from scipy.stats import chisquare
@@ -260,28 +258,10 @@ def test_the_planner_drafts_long_along_a_long_match_and_passes_up_what_cannot_pa
 SMOLLM2_CALLS = {2: 1.07, 3: 1.19, 4: 1.37, 5: 1.73, 6: 1.95, 7: 2.2, 8: 2.6, 9: 3.0}
 
 
-def _lookup_planner(prompt: list[int], rows: dict[int, float]) -> speculative.Speculator:
-    gen = types.SimpleNamespace(ids=prompt, sampler=types.SimpleNamespace(params=SamplingParams()))
+def _costs(rows: dict[int, float]) -> speculative.Costs:
     costs = speculative.Costs()
     costs.step, costs.by_rows = 1.0, dict(rows)
-    return speculative.Speculator("lookup", speculative.PromptLookup(), gen, 0, costs)
-
-
-def _replay(planner, prompt: list[int], output: list[int]) -> list[tuple[int, int]]:
-    """(drafts proposed, taken) of each round greedy lookup speculation makes on output."""
-    rounds, made = [], 0
-    while made < len(output):
-        context = prompt + output[:made]
-        k = planner._plan(context, len(output) - made)
-        drafts = planner.proposer.propose(context, k, None)[0] if k else []
-        taken = 0
-        while taken < len(drafts) and drafts[taken] == output[made + taken]:
-            taken += 1
-        if drafts:
-            planner._record(len(drafts), taken)
-        rounds.append((len(drafts), taken))
-        made += taken + 1
-    return rounds
+    return costs
 
 
 def test_a_lookup_learns_its_odds_from_tokens_it_did_not_propose():
@@ -310,19 +290,19 @@ def test_the_planner_stays_quiet_where_the_lookup_keeps_missing_and_copies_long_
     prompt (editing), long drafts from the first round on, taken in full."""
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(0, 40, 60)]
-    planner = _lookup_planner(prompt, SMOLLM2_CALLS)
+    lookup = speculative.PromptLookup()
     output = []
     for _ in range(300):  # each token one the lookup's match did not predict
         context = prompt + output
-        odds, _ = planner.proposer.odds(context)
-        predicted = context[planner.proposer.at] if odds is not None else -1
+        odds, _ = lookup.odds(context)
+        predicted = context[lookup.at] if odds is not None else -1
         output.append(next(int(t) for t in rng.integers(0, 40, 8) if t != predicted))
-    rounds = _replay(_lookup_planner(prompt, SMOLLM2_CALLS), prompt, output)
+    rounds = speculative.lookup_rounds(prompt, output, _costs(SMOLLM2_CALLS), made=0)
     assert sum(taken for _, taken in rounds) == 0
     assert sum(proposed for proposed, _ in rounds) <= 16  # odds of 0.7 before any judged: 32
     assert not any(proposed for proposed, _ in rounds[150:])
 
     text = [int(t) for t in rng.integers(100, 5000, 200)]
-    rounds = _replay(_lookup_planner(text, SMOLLM2_CALLS), text, text[:150])
+    rounds = speculative.lookup_rounds(text, text[:150], _costs(SMOLLM2_CALLS), made=0)
     assert rounds[0][0] == 0 and rounds[1][0] >= 2  # the copy's first token is the first to match
     assert len(rounds) < 150 / 3
