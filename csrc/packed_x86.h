@@ -14,8 +14,10 @@
  * order. Nothing is reduced across lanes.
  *
  * A tile is one row group × T activation rows: the weight chunks are loaded and unpacked once per
- * tile, each activation dword broadcast once per tile. T = 4 for a batch (the weights of a group
- * stay in L1 while the activation rows stream past; more rows spill). With one activation row the
+ * tile, each activation dword broadcast once per tile. T = TILE_ROWS for a batch (the weights of a
+ * group stay in L1 while the activation rows stream past): 4 in the 16 registers of AVX2, 8 in
+ * AVX-512's 32, which hold a k-quant tile's 16 chains and its sums (-6% to -12% a tile against 4
+ * rows, every type). With one activation row the
  * groups are read one after the other, in memory order, as one stream (see STREAM_AHEAD): two groups
  * side by side per tile shared each broadcast between them (10-28% less compute in L2) but read two
  * streams, and a decode from memory ran 1.5x slower.
@@ -110,12 +112,35 @@ PX_TARGET static inline __m256i madd_add(__m256i acc, __m256i a, __m256i b) {
  * adds, one chain a row. */
 enum { DOT_CHAINS = PX_VNNI ? 2 : 1 };
 
+/* The most activation rows a tile takes (see the top of this file). */
+enum { TILE_ROWS = PX_VNNI == 1 ? 8 : 4 };
+
 /* The 4 activation bytes at p in every dword. */
 PX_TARGET static inline __m256i dword_bcast(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
 }
+
+#if PX_VNNI
+/* acc + the products of u by the 4 bytes at p in every dword, in a tile of T activation rows. With
+ * several rows the broadcast is folded into vpdpbusd's memory operand ({1to8}; AVX-512 only): one
+ * instruction where vpbroadcastd takes a second, which is what a prefill's tiles are short of (a
+ * q4_K tile of 4 rows -5%). A one-row stream from memory ran slower that way (q6_K +28%), so T = 1
+ * broadcasts into a register. */
+PX_TARGET static inline __m256i dot_bcast_add(__m256i acc, __m256i u, const int8_t *p, const int T) {
+    (void)T;
+#if PX_VNNI == 1 && (defined(__GNUC__) || defined(__clang__))
+    if (T > 1) {
+        __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+        return acc;
+    }
+#endif
+    acc = DPBUSD(acc, u, dword_bcast(p));
+    IN_ORDER(acc);
+    return acc;
+}
+#endif
 
 /* The first count (≤ 8) lanes of v to y: a partial group's padding rows are never written. */
 PX_TARGET static inline void store_rows(float *y, __m256 v, int64_t count) {
@@ -166,29 +191,28 @@ PX_TARGET static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t 
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     (void)off;
     const __m256i low4 = _mm256_set1_epi8(0x0F);
-    __m256 sd[4];
+    __m256 sd[TILE_ROWS];
     UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
-        __m256i p[4];
+        __m256i p[TILE_ROWS];
 #if PX_VNNI
-        __m256i hi_sum[4]; /* the high nibbles' products in a chain of their own (DOT_CHAINS) */
+        __m256i hi_sum[TILE_ROWS]; /* the high nibbles' products in a chain of their own (DOT_CHAINS) */
 #endif
         UNROLLED for (int k = 0; k < 4; k++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k));
             __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
-                __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
 #if PX_VNNI
-                p[t] = k == 0 ? signed_dot(lo, xl) : signed_dot_add(p[t], lo, xl);
-                hi_sum[t] = k == 0 ? signed_dot(hi, xh) : signed_dot_add(hi_sum[t], hi, xh);
-                IN_ORDER(hi_sum[t]);
+                if (k == 0) p[t] = hi_sum[t] = _mm256_setzero_si256();
+                p[t] = dot_bcast_add(p[t], lo, xb->qs + 4 * k, T);
+                hi_sum[t] = dot_bcast_add(hi_sum[t], hi, xb->qs + 16 + 4 * k, T);
 #else
-                __m256i q = pair_dot(lo, xl, hi, xh);
+                __m256i q = pair_dot(lo, dword_bcast(xb->qs + 4 * k), hi, dword_bcast(xb->qs + 16 + 4 * k));
                 p[t] = k == 0 ? q : pair_add(p[t], q);
-#endif
                 IN_ORDER(p[t]);
+#endif
             }
         }
 #if PX_VNNI
@@ -201,7 +225,7 @@ PX_TARGET static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t 
             sd[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), sd[t]);
         }
     }
-    __m256 sm[4];
+    __m256 sm[TILE_ROWS];
     UNROLLED for (int t = 0; t < T; t++) sm[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[b].m));
@@ -228,34 +252,62 @@ PX_TARGET static ALWAYS_INLINE void add_q8_0_blocks(__m256 *sd, const __m256i *i
     }
 }
 
+#if PX_VNNI
+/* As q4_1_tile, each weight byte made unsigned, w + 128 (its top bit flipped), for vpdpbusd; the
+ * 128·Σx that adds comes off the block's integer sum as off[t·nb + b] (q8_0_offsets), its start.
+ * The activation dwords stay in memory, broadcast by vpdpbusd itself. */
+PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    const __m256i top = _mm256_set1_epi8((char)0x80);
+    __m256 sd[TILE_ROWS];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_next(pf, pf_bytes, b);
+        __m256i acc[DOT_CHAINS][TILE_ROWS];
+        UNROLLED for (int k = 0; k < 8; k++) {
+            __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k)), top);
+            const int ch = k % DOT_CHAINS;
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                if (k == 0) acc[0][t] = _mm256_set1_epi32(off[t * nb + b]);
+                if (k == 1) acc[1][t] = _mm256_setzero_si256();
+                acc[ch][t] = dot_bcast_add(acc[ch][t], u, xb->qs + 4 * k, T);
+            }
+        }
+        UNROLLED for (int t = 0; t < T; t++) acc[0][t] = _mm256_add_epi32(acc[0][t], acc[1][t]);
+        add_q8_0_blocks(sd, acc[0], w[b].d, x, xs, b, T);
+    }
+    UNROLLED for (int t = 0; t < T; t++)
+        store_rows(y + t * ldy, sd[t], rows_left);
+}
+#else
 /* As q4_1_tile, the signs moved onto the activations (maddubs multiplies unsigned by signed):
  * |w|·sign(x, w). Pairs reach 2·128·127, so each maddubs goes to i32 through its own madd. */
 PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     (void)off;
-    __m256 sd[4];
+    __m256 sd[TILE_ROWS];
     UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
-        __m256i acc[DOT_CHAINS][4];
+        __m256i acc[TILE_ROWS];
         UNROLLED for (int k = 0; k < 8; k++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k)), av = _mm256_sign_epi8(v, v);
-            const int ch = k % DOT_CHAINS;
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
                 __m256i sx = _mm256_sign_epi8(dword_bcast(xb->qs + 4 * k), v);
-                acc[ch][t] = k < DOT_CHAINS ? signed_dot(av, sx) : signed_dot_add(acc[ch][t], av, sx);
-                IN_ORDER(acc[ch][t]);
+                acc[t] = k == 0 ? signed_dot(av, sx) : signed_dot_add(acc[t], av, sx);
+                IN_ORDER(acc[t]);
             }
         }
-        UNROLLED for (int ch = 1; ch < DOT_CHAINS; ch++)
-            UNROLLED for (int t = 0; t < T; t++) acc[0][t] = _mm256_add_epi32(acc[0][t], acc[ch][t]);
-        add_q8_0_blocks(sd, acc[0], w[b].d, x, xs, b, T);
+        add_q8_0_blocks(sd, acc, w[b].d, x, xs, b, T);
     }
     UNROLLED for (int t = 0; t < T; t++)
         store_rows(y + t * ldy, sd[t], rows_left);
 }
+#endif
 
 /* ================================================================ q4_0 × q8_0 */
 
@@ -266,29 +318,28 @@ PX_TARGET static ALWAYS_INLINE void q4_0_tile(const pl_block_q4_0x8 *w, int64_t 
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
-    __m256 sd[4];
+    __m256 sd[TILE_ROWS];
     UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
-        __m256i p[4], isum[4];
+        __m256i p[TILE_ROWS], isum[TILE_ROWS];
 #if PX_VNNI
-        __m256i hi_sum[4]; /* the high nibbles' products in a chain of their own (DOT_CHAINS) */
+        __m256i hi_sum[TILE_ROWS]; /* the high nibbles' products in a chain of their own (DOT_CHAINS) */
 #endif
         UNROLLED for (int k = 0; k < 4; k++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * k));
             __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
-                __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
 #if PX_VNNI
-                p[t] = signed_dot_add(k == 0 ? _mm256_set1_epi32(off[t * nb + b]) : p[t], lo, xl);
-                hi_sum[t] = k == 0 ? signed_dot(hi, xh) : signed_dot_add(hi_sum[t], hi, xh);
-                IN_ORDER(hi_sum[t]);
+                if (k == 0) p[t] = _mm256_set1_epi32(off[t * nb + b]), hi_sum[t] = _mm256_setzero_si256();
+                p[t] = dot_bcast_add(p[t], lo, xb->qs + 4 * k, T);
+                hi_sum[t] = dot_bcast_add(hi_sum[t], hi, xb->qs + 16 + 4 * k, T);
 #else
-                __m256i q = pair_dot(lo, xl, hi, xh);
+                __m256i q = pair_dot(lo, dword_bcast(xb->qs + 4 * k), hi, dword_bcast(xb->qs + 16 + 4 * k));
                 p[t] = k == 0 ? q : pair_add(p[t], q);
-#endif
                 IN_ORDER(p[t]);
+#endif
             }
         }
         UNROLLED for (int t = 0; t < T; t++)
@@ -306,8 +357,8 @@ PX_TARGET static ALWAYS_INLINE void q4_0_tile(const pl_block_q4_0x8 *w, int64_t 
 /* ================================================================ q5_0 × q8_0 */
 
 /* factor·Σx of activation block b of row t to off[t·nb + b], for rows rows: the exact i32 that
- * turns q4_0_tile's (factor −8) and q5_0_tile's (−16) unsigned products into Σ(q − 8)·x and
- * Σ(q − 16)·x, shared by every group of the call. */
+ * turns q4_0_tile's (factor −8), q5_0_tile's (−16) and VNNI q8_0_tile's (−128) unsigned products
+ * into Σ(q − 8)·x, Σ(q − 16)·x and Σw·x, shared by every group of the call. */
 PX_TARGET static inline void x_sums_times(const char *x, int64_t xs, int64_t nb, int rows, int32_t *off, short factor) {
     const __m256i ones8 = _mm256_set1_epi8(1);
     for (int t = 0; t < rows; t++)
@@ -330,6 +381,17 @@ PX_TARGET static void q5_0_offsets(const char *x, int64_t xs, int64_t nb, int ro
     x_sums_times(x, xs, nb, rows, off, -16);
 }
 
+#if PX_VNNI
+PX_TARGET static void q8_0_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t *off) {
+    x_sums_times(x, xs, nb, rows, off, -128);
+}
+#define Q8_0_OFFSETS q8_0_offsets
+#define Q8_0_PER_BLOCK 1
+#else
+#define Q8_0_OFFSETS no_offsets
+#define Q8_0_PER_BLOCK 0
+#endif
+
 /* q (0..31) unsigned against the signed activation, as maddubs wants it; the −16 of every element
  * comes off the block's integer sum as off[t·nb + b] (q5_0_offsets), an exact int32 shared by the 8
  * rows. A maddubs lane is at most 2·31·128 = 7936 in magnitude: 4 of them (two chunks, low and high
@@ -338,13 +400,13 @@ PX_TARGET static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t 
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
-    __m256 sd[4];
+    __m256 sd[TILE_ROWS];
     UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_next(pf, pf_bytes, b);
-        __m256i acc[4], qh;
+        __m256i acc[TILE_ROWS], qh;
 #if PX_VNNI
-        __m256i hi_sum[4]; /* the high elements' products in a chain of their own (DOT_CHAINS) */
+        __m256i hi_sum[TILE_ROWS]; /* the high elements' products in a chain of their own (DOT_CHAINS) */
 #endif
         qh = _mm256_loadu_si256((const __m256i *)w[b].qh);
         UNROLLED for (int t = 0; t < T; t++) {
@@ -353,7 +415,7 @@ PX_TARGET static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t 
         }
         UNROLLED for (int half = 0; half < 2; half++) {
 #if !PX_VNNI
-            __m256i p[4];
+            __m256i p[TILE_ROWS];
 #endif
             UNROLLED for (int kk = 0; kk < 2; kk++) {
                 const int k = 2 * half + kk;
@@ -366,14 +428,12 @@ PX_TARGET static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t 
                 __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), hh);
                 UNROLLED for (int t = 0; t < T; t++) {
                     const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
-                    __m256i xl = dword_bcast(xb->qs + 4 * k), xh = dword_bcast(xb->qs + 16 + 4 * k);
 #if PX_VNNI
-                    acc[t] = signed_dot_add(acc[t], lo, xl);
-                    hi_sum[t] = k == 0 ? signed_dot(hi, xh) : signed_dot_add(hi_sum[t], hi, xh);
-                    IN_ORDER(acc[t]);
-                    IN_ORDER(hi_sum[t]);
+                    if (k == 0) hi_sum[t] = _mm256_setzero_si256();
+                    acc[t] = dot_bcast_add(acc[t], lo, xb->qs + 4 * k, T);
+                    hi_sum[t] = dot_bcast_add(hi_sum[t], hi, xb->qs + 16 + 4 * k, T);
 #else
-                    __m256i q = pair_dot(lo, xl, hi, xh);
+                    __m256i q = pair_dot(lo, dword_bcast(xb->qs + 4 * k), hi, dword_bcast(xb->qs + 16 + 4 * k));
                     p[t] = kk == 0 ? q : pair_add(p[t], q);
                     IN_ORDER(p[t]);
 #endif
@@ -452,7 +512,7 @@ PX_TARGET static ALWAYS_INLINE void k4_block_sums(const pl_block_q4_Kx8 *blk, co
     UNROLLED for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
     UNROLLED for (int c = 0; c < 4; c++) {
         prefetch_some(next, end, five ? 12 : 10);
-        __m256i lo_sum[4], hi_sum[4];
+        __m256i lo_sum[TILE_ROWS], hi_sum[TILE_ROWS];
         UNROLLED for (int k = 0; k < 8; k++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 256 * c + 32 * k));
             __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
@@ -463,11 +523,9 @@ PX_TARGET static ALWAYS_INLINE void k4_block_sums(const pl_block_q4_Kx8 *blk, co
             }
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
-                __m256i xl = dword_bcast(xb->qs + 64 * c + 4 * k), xh = dword_bcast(xb->qs + 64 * c + 32 + 4 * k);
-                lo_sum[t] = DPBUSD(k == 0 ? _mm256_setzero_si256() : lo_sum[t], lo, xl);
-                hi_sum[t] = DPBUSD(k == 0 ? _mm256_setzero_si256() : hi_sum[t], hi, xh);
-                IN_ORDER(lo_sum[t]);
-                IN_ORDER(hi_sum[t]);
+                if (k == 0) lo_sum[t] = hi_sum[t] = _mm256_setzero_si256();
+                lo_sum[t] = dot_bcast_add(lo_sum[t], lo, xb->qs + 64 * c + 4 * k, T);
+                hi_sum[t] = dot_bcast_add(hi_sum[t], hi, xb->qs + 64 * c + 32 + 4 * k, T);
             }
         }
         /* sub-block 2c's scale byte (2c % 4 of word c / 2) and 2c + 1's, in each row's i32 lane */
@@ -500,7 +558,7 @@ PX_TARGET static ALWAYS_INLINE void k4_block_sums(const pl_block_q4_Kx8 *blk, co
         /* a q4_K block's 18 lines (q5_K's 22) in its first 4 sub-blocks: spread over all 8 (3 a
          * sub-block), a 3B's decode ran 3-7% slower on one core */
         prefetch_some(next, end, five ? 6 : 5);
-        __m256i p[4], scale = _mm256_shuffle_epi8(sc[sub / 4], BYTE_BOTH_HALVES(sub % 4));
+        __m256i p[TILE_ROWS], scale = _mm256_shuffle_epi8(sc[sub / 4], BYTE_BOTH_HALVES(sub % 4));
         UNROLLED for (int k = 0; k < 8; k++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 256 * c + 32 * k));
             __m256i q = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, low4);
@@ -530,11 +588,11 @@ PX_TARGET static ALWAYS_INLINE void k4_tile(const char *w, const int64_t bs, con
                                             const char *x, int64_t xs, const int T, float *y, int64_t ldy,
                                             int64_t rows_left, const char *pf, int64_t pf_bytes, const int32_t *off) {
 #define KB(b) ((const pl_block_q4_Kx8 *)(w + (b) * bs))
-    __m256 sd[4];
+    __m256 sd[TILE_ROWS];
     UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *next = pf + b * pf_bytes, *end = next + pf_bytes;
-        __m256i isum[4];
+        __m256i isum[TILE_ROWS];
         k4_block_sums(KB(b), five, x, xs, b, T, isum, &next, end);
         __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)KB(b)->d));
         UNROLLED for (int t = 0; t < T; t++) {
@@ -546,7 +604,7 @@ PX_TARGET static ALWAYS_INLINE void k4_tile(const char *w, const int64_t bs, con
     /* imin: the mins' bytes of each word as i16 pairs (bytes 0, 2 and 1, 3) against the matching
      * pairs of sub-block sums */
     const __m256i even = _mm256_set1_epi32(0x00FF00FF);
-    __m256 sm[4];
+    __m256 sm[TILE_ROWS];
     UNROLLED for (int t = 0; t < T; t++) sm[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m256i mn[2];
@@ -601,7 +659,7 @@ PX_TARGET static ALWAYS_INLINE void q6_block_sums(const pl_block_q6_Kx8 *blk, co
     UNROLLED for (int h = 0; h < 2; h++) UNROLLED for (int p = 0; p < 2; p++) UNROLLED for (int kq = 0; kq < 2; kq++) {
         const int s_low = 8 * h + 2 * p + kq, s_high = s_low + 4;
         prefetch_some(next, end, 8); /* a block's 27 lines in its first 4 of 8 steps */
-        __m256i low_sum[4], high_sum[4];
+        __m256i low_sum[TILE_ROWS], high_sum[TILE_ROWS];
         UNROLLED for (int kk = 0; kk < 4; kk++) {
             const int k = 4 * kq + kk;
             __m256i v = _mm256_loadu_si256((const __m256i *)(blk->ql + 256 * (2 * h + p) + 32 * k));
@@ -613,12 +671,9 @@ PX_TARGET static ALWAYS_INLINE void q6_block_sums(const pl_block_q6_Kx8 *blk, co
                                          _mm256_and_si256(p ? _mm256_srli_epi16(hb, 2) : hb, top2));
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
-                __m256i xl = dword_bcast(xb->qs + 128 * h + 32 * p + 4 * k);
-                __m256i xh = dword_bcast(xb->qs + 128 * h + 64 + 32 * p + 4 * k);
-                low_sum[t] = DPBUSD(kk == 0 ? _mm256_setzero_si256() : low_sum[t], ql, xl);
-                high_sum[t] = DPBUSD(kk == 0 ? _mm256_setzero_si256() : high_sum[t], qh, xh);
-                IN_ORDER(low_sum[t]);
-                IN_ORDER(high_sum[t]);
+                if (kk == 0) low_sum[t] = high_sum[t] = _mm256_setzero_si256();
+                low_sum[t] = dot_bcast_add(low_sum[t], ql, xb->qs + 128 * h + 32 * p + 4 * k, T);
+                high_sum[t] = dot_bcast_add(high_sum[t], qh, xb->qs + 128 * h + 64 + 32 * p + 4 * k, T);
             }
         }
         __m256i low_scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)blk->scales[s_low]));
@@ -641,7 +696,7 @@ PX_TARGET static ALWAYS_INLINE void q6_block_sums(const pl_block_q6_Kx8 *blk, co
     UNROLLED for (int h = 0; h < 2; h++) UNROLLED for (int s8 = 0; s8 < 8; s8++) {
         const int s = 8 * h + s8, high = s8 / 4, p = s8 % 4 / 2, kq = s8 % 2;
         prefetch_some(next, end, 4); /* a block's 27 lines in its first 7 of 16 sub-blocks, as q4_K's */
-        __m256i acc[4], scale = q6_scale_pairs(blk, s, s);
+        __m256i acc[TILE_ROWS], scale = q6_scale_pairs(blk, s, s);
         UNROLLED for (int kk = 0; kk < 4; kk++) {
             const int k = 4 * kq + kk;
             __m256i v = _mm256_loadu_si256((const __m256i *)(blk->ql + 256 * (2 * h + p) + 32 * k));
@@ -670,12 +725,12 @@ PX_TARGET static ALWAYS_INLINE void q6_K_tile(const pl_block_q6_Kx8 *w, int64_t 
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
     (void)off;
-    __m256 sd[4];
+    __m256 sd[TILE_ROWS];
     UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *next = pf + b * pf_bytes, *end = next + pf_bytes;
-        __m256i isum[4];
-        __m256i corr[4];
+        __m256i isum[TILE_ROWS];
+        __m256i corr[TILE_ROWS];
         UNROLLED for (int t = 0; t < T; t++) corr[t] = _mm256_setzero_si256();
         UNROLLED for (int m = 0; m < 8; m++) {
             __m256i pairs = q6_scale_pairs(&w[b], 2 * m, 2 * m + 1);
@@ -721,7 +776,7 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
             SCALAR(packed, nb, g0, g1, row_end, vx, xs, n, y, ldy);                                       \
             return;                                                                                       \
         }                                                                                                 \
-        int part = fit >= n ? n : fit >= 4 ? (int)(fit / 4 * 4) : (int)fit;                              \
+        int part = fit >= n ? n : fit >= TILE_ROWS ? (int)(fit / TILE_ROWS * TILE_ROWS) : (int)fit;      \
         for (int t0 = 0; t0 < n; t0 += part) {                                                            \
             int m = n - t0 < part ? n - t0 : part;                                                        \
             const char *x = (const char *)vx + t0 * xs;                                                   \
@@ -730,8 +785,8 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
         }                                                                                                 \
     }
 
-/* NAME_part over TILE: a group at a time in memory order, in tiles of 4 activation rows and one of
- * the rest. The first tile over a group reads it from memory and prefetches: AHEAD bytes on for up
+/* NAME_part over TILE: a group at a time in memory order, in tiles of TILE_ROWS activation rows,
+ * then (AVX-512) one of 4 and one of the rest. The first tile over a group reads it from memory and prefetches: AHEAD bytes on for up
  * to 4 rows, else the next group; never past the range's last group. off: the rows' offsets,
  * nb·PER_BLOCK a row. */
 #define PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK)                                                                 \
@@ -749,8 +804,12 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
             const char *pf = (const char *)wg + ahead;                                                    \
             int64_t pf_bytes = ahead ? (int64_t)sizeof(BLOCK) : 0;                                        \
             int t = 0;                                                                                    \
-            for (; t + 4 <= n; t += 4, pf_bytes = 0)                                                      \
+            for (; t + TILE_ROWS <= n; t += TILE_ROWS, pf_bytes = 0)                                      \
+                TILE(wg, nb, x + t * xs, xs, TILE_ROWS, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); \
+            if (TILE_ROWS > 4 && n - t >= 4) {                                                            \
                 TILE(wg, nb, x + t * xs, xs, 4, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK);  \
+                t += 4, pf_bytes = 0;                                                                     \
+            }                                                                                             \
             switch (n - t) {                                                                              \
             case 3: TILE(wg, nb, x + t * xs, xs, 3, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
             case 2: TILE(wg, nb, x + t * xs, xs, 2, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
@@ -760,13 +819,13 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
     }
 
 #define PACKED_KERNEL(NAME, BLOCK, TILE, AHEAD, OFFSETS, PER_BLOCK, SCALAR) \
-    PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK)                     \
+    PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK)                           \
     PACKED_GEMM(NAME, OFFSETS, PER_BLOCK, SCALAR)
 
 PACKED_KERNEL(gemm_q4_0x8, pl_block_q4_0x8, q4_0_tile, STREAM_AHEAD, q4_0_offsets, 1, pl_gemm_q4_0x8_scalar)
 PACKED_KERNEL(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, STREAM_AHEAD, no_offsets, 0, pl_gemm_q4_1x8_scalar)
 PACKED_KERNEL(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, STREAM_AHEAD, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
-PACKED_KERNEL(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, STREAM_AHEAD, no_offsets, 0, pl_gemm_q8_0x8_scalar)
+PACKED_KERNEL(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, STREAM_AHEAD, Q8_0_OFFSETS, Q8_0_PER_BLOCK, pl_gemm_q8_0x8_scalar)
 PACKED_KERNEL(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, STREAM_AHEAD_K, k4_offsets, 4, pl_gemm_q4_Kx8_scalar)
 PACKED_KERNEL(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, STREAM_AHEAD_K, k4_offsets, 4, pl_gemm_q5_Kx8_scalar)
 PACKED_KERNEL(gemm_q6_Kx8, pl_block_q6_Kx8, q6_K_tile, STREAM_AHEAD_K, no_offsets, 0, pl_gemm_q6_Kx8_scalar)
