@@ -2,9 +2,9 @@
  * with maddubs (AVX2), packed_vnni.c and packed_avxvnni.c with vpdpbusd (AVX-512 VNNI on 256-bit
  * registers; AVX-VNNI, its VEX form on CPUs without AVX-512). Each defines PX_TARGET (the functions'
  * target), PX_SUFFIX (their names' ending) and PX_VNNI (0, 1: AVX-512 VNNI, 2: AVX-VNNI) before
- * including it; only how the u8·s8 products are summed differs (pair_dot, signed_dot, and the
- * k-quants' block sums: in i16 then madd, or straight into i32 chains), all exact integers, so all
- * give the same bits.
+ * including it; only how the u8·s8 products are summed differs (in i16 then madd, or straight into
+ * i32 chains by vpdpbusd) and how many activation rows a tile takes (TILE_ROWS), all exact
+ * integers, so all give the same bits.
  *
  * A chunk of a packed block is one 32-byte register: 4 elements of each of 8 weight rows. maddubs
  * against an activation dword broadcast to all lanes gives, per row, two i16 partial sums, which
@@ -65,30 +65,21 @@ PX_TARGET static inline __m256i pair_sums(__m256i p) {
     return _mm256_add_epi32(_mm256_srai_epi32(p, 16), _mm256_srai_epi32(_mm256_slli_epi32(p, 16), 16));
 }
 
-/* The products of u8 by s8 bytes, 4 to a dword lane: pair_dot(u0, s0, u1, s1) sums two registers'
- * products and pair_add two such sums, in i16 pairs where maddubs makes them (each caller bounds them
- * below 2^15) or in i32 where vpdpbusd does; pair_widen gives the i32 lanes either way. signed_dot
- * is one register's products in i32, signed_dot_add adds them to an i32 sum; madd_add adds i16
- * pairs' products to i32 lanes (vpdpwssd, or madd and add). Integer sums, exact: both builds give
- * the same bits. */
+/* The products of u8 by s8 bytes, 4 to a dword lane. VNNI builds sum them straight into i32 lanes
+ * with vpdpbusd (DPBUSD; dot_bcast_add below); AVX2 builds through maddubs: pair_dot(u0, s0, u1, s1)
+ * sums two registers' products and pair_add two such sums in i16 pairs (each caller bounds them below
+ * 2^15), signed_dot is one register's products in i32, signed_dot_add adds them to an i32 sum.
+ * pair_widen gives a tile's sums as i32 lanes in either build; madd_add adds i16 pairs' products to
+ * i32 lanes (vpdpwssd, or madd and add). Integer sums, exact: every build gives the same bits. */
 #if PX_VNNI
 #if PX_VNNI == 2
 #define DPBUSD _mm256_dpbusd_avx_epi32
-#else
-#define DPBUSD _mm256_dpbusd_epi32
-#endif
-PX_TARGET static inline __m256i pair_dot(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
-    return DPBUSD(DPBUSD(_mm256_setzero_si256(), u0, s0), u1, s1);
-}
-PX_TARGET static inline __m256i pair_add(__m256i p, __m256i q) { return _mm256_add_epi32(p, q); }
-PX_TARGET static inline __m256i pair_widen(__m256i p) { return p; }
-PX_TARGET static inline __m256i signed_dot(__m256i u, __m256i s) { return DPBUSD(_mm256_setzero_si256(), u, s); }
-PX_TARGET static inline __m256i signed_dot_add(__m256i acc, __m256i u, __m256i s) { return DPBUSD(acc, u, s); }
-#if PX_VNNI == 2
 #define DPWSSD _mm256_dpwssd_avx_epi32
 #else
+#define DPBUSD _mm256_dpbusd_epi32
 #define DPWSSD _mm256_dpwssd_epi32
 #endif
+PX_TARGET static inline __m256i pair_widen(__m256i p) { return p; }
 PX_TARGET static inline __m256i madd_add(__m256i acc, __m256i a, __m256i b) { return DPWSSD(acc, a, b); }
 #else
 PX_TARGET static inline __m256i pair_dot(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
@@ -255,7 +246,7 @@ PX_TARGET static ALWAYS_INLINE void add_q8_0_blocks(__m256 *sd, const __m256i *i
 #if PX_VNNI
 /* As q4_1_tile, each weight byte made unsigned, w + 128 (its top bit flipped), for vpdpbusd; the
  * 128·Σx that adds comes off the block's integer sum as off[t·nb + b] (q8_0_offsets), its start.
- * The activation dwords stay in memory, broadcast by vpdpbusd itself. */
+ * No vpsignb: the activation dwords go to vpdpbusd as they are (dot_bcast_add). */
 PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t nb, const char *x,
                                                    int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
                                                    const char *pf, int64_t pf_bytes, const int32_t *off) {
