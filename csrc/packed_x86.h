@@ -779,9 +779,9 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
     }
 
 /* NAME_part over TILE: a group at a time in memory order, in tiles of TILE_ROWS activation rows,
- * then (AVX-512) one of 4 and one of the rest. The first tile over a group reads it from memory and prefetches: AHEAD bytes on for up
- * to 4 rows, else the next group; never past the range's last group. off: the rows' offsets,
- * nb·PER_BLOCK a row. */
+ * then (AVX-512) one of 4 and one of the rest. The first tile over a group reads it from memory and
+ * prefetches: AHEAD bytes on for up to 4 rows, else the next group; never past the range's last
+ * group. off: the rows' offsets, nb·PER_BLOCK a row. */
 #define PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK)                                                                 \
     PX_TARGET static void PX_NAME(NAME##_part)(const void *packed, int64_t nb, int64_t g0, int64_t g1,       \
                                                int64_t row_end, const char *x, int64_t xs, int n, float *y,   \
