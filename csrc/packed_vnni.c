@@ -2,8 +2,9 @@
  * body on the same 32-byte registers (AVX-512 VL), its u8·s8 inner products through vpdpbusd, which
  * sums 4 products into an i32 lane in one instruction where AVX2 needs maddubs, then an add in i16
  * and a widening step (madd or shifts) to i32. The integer sums are exact either way: the same bits
- * as the AVX2 build and the scalar reference. With the 32 registers of AVX-512 the tiles keep two
- * i32 chains of vpdpbusd a row (packed_x86.h).
+ * as the AVX2 build and the scalar reference. With the 32 registers of AVX-512 the tiles take 8
+ * activation rows (TILE_ROWS), keep two i32 chains of vpdpbusd a row, and read each activation dword
+ * through vpdpbusd's own broadcast (dot_bcast_add; packed_x86.h).
  */
 #include "packed.h"
 
