@@ -951,10 +951,10 @@ static void check_vec(ctx_t *c) {
 
 /* dot_*_qk and axpy_*_qk (attention's queries that share K/V rows): against the ISA's own
  * dot/axpy called once per (query, key), bit for bit, and against the scalar multi-query kernels
- * with the dot and axpy tolerances (bit for bit on small integers). 5 queries; 19 keys (twice 8
- * and a rest); 150 value rows in ragged ranges that cross PL_QK_ROWS. */
+ * with the dot and axpy tolerances (bit for bit on small integers). 5 queries; 35 keys (twice 16
+ * or four times 8, and a rest); 150 value rows in ragged ranges that cross PL_QK_ROWS. */
 #define MQ_QUERIES 5
-#define MQ_KEYS 19
+#define MQ_KEYS 35
 #define MQ_ROWS 150
 
 static void check_vec_qk(ctx_t *c) {
