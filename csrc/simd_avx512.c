@@ -26,10 +26,29 @@ PL_TARGET_AVX512 static inline __m512 load_f16(const uint16_t *p) {
     for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(LOAD_W(a + i), _mm512_loadu_ps(b + i), acc0); \
     float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
 
-PL_TARGET_AVX512 static float dot_f32_avx512(const float *a, const float *b, int64_t n) {
-    DOT_BODY(_mm512_loadu_ps)
-    for (; i < n; i++) s += a[i] * b[i];
+/* An f32 dot product is _mm512_reduce_add_ps of these lanes (DOT_BODY's accumulators summed),
+ * then the scalar steps past the last multiple of 16: the single kernel and the multi-query ones
+ * below share them, so they do the same operations. */
+PL_TARGET_AVX512 static inline __m512 dot_f32_lanes(const float *k, const float *q, int64_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), _mm512_loadu_ps(k + i + 16), a1);
+        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 32), _mm512_loadu_ps(k + i + 32), a2);
+        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 48), _mm512_loadu_ps(k + i + 48), a3);
+    }
+    for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), a0);
+    return _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+}
+
+PL_TARGET_AVX512 static inline float dot_f32_tail(float s, const float *q, const float *k, int64_t n) {
+    for (int64_t i = n / 16 * 16; i < n; i++) s += q[i] * k[i];
     return s;
+}
+
+PL_TARGET_AVX512 static float dot_f32_avx512(const float *a, const float *b, int64_t n) {
+    return dot_f32_tail(_mm512_reduce_add_ps(dot_f32_lanes(b, a, n)), a, b, n);
 }
 
 PL_TARGET_AVX512 static float vec_dot_f32_avx512(const void *w, const void *x, int64_t n) {
@@ -69,21 +88,7 @@ PL_TARGET_AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, 
 
 /* ---------------------------------------------------------------- attention's multi-query kernels */
 
-/* DOT_BODY's four accumulators summed as dot_f32_avx512 sums them, before the reduction across
- * lanes: for one query, and for two against the same key (each key chunk loaded once for both). */
-PL_TARGET_AVX512 static inline __m512 dot_f32_lanes(const float *k, const float *q, int64_t n) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), a0);
-        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), _mm512_loadu_ps(k + i + 16), a1);
-        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 32), _mm512_loadu_ps(k + i + 32), a2);
-        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 48), _mm512_loadu_ps(k + i + 48), a3);
-    }
-    for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), a0);
-    return _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
-}
-
+/* dot_f32_lanes for two queries against the same key, each key chunk loaded once for both. */
 PL_TARGET_AVX512 static inline void dot_f32_lanes_pair(const float *k, const float *q0, const float *q1, int64_t n,
                                                        __m512 *out0, __m512 *out1) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
@@ -126,12 +131,6 @@ PL_TARGET_AVX512 static inline __m512 reduce_add_x16(const __m512 *v) {
     /* lane l of sums holds vector 0 2 1 3 8 10 9 11 4 6 5 7 12 14 13 15's: where vector u is */
     const __m512i lane_of = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
     return _mm512_permutexvar_ps(lane_of, sums);
-}
-
-/* dot_f32_avx512's scalar steps past the last multiple of 16 */
-PL_TARGET_AVX512 static inline float dot_f32_tail(float s, const float *q, const float *k, int64_t n) {
-    for (int64_t i = n / 16 * 16; i < n; i++) s += q[i] * k[i];
-    return s;
 }
 
 /* Sixteen keys at a time, each query's sixteen reductions done together (the reductions, not the
