@@ -24,9 +24,11 @@ tokenizer.json and tiktoken do); pieces of the StarCoder/SmolLM family split dig
 """
 from __future__ import annotations
 
+import gc
 import json
 import math
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Dict, List, Optional, Tuple
@@ -149,6 +151,26 @@ def tokenizer_from_gguf(metadata: Mapping[str, object], source: str = METADATA) 
         >>> info.tokenizer.encode("<|im_start|>user").ids
         [1, 4093]
     """
+    with _no_cycle_collection():
+        return _tokenizer_from_gguf(metadata, source)
+
+
+@contextmanager
+def _no_cycle_collection():
+    """The cyclic garbage collector off for a vocabulary's build: it makes hundreds of thousands of
+    tuples and strings (Gemma 3's 514,847 merges), none of them in a cycle, and every collection
+    their allocations set off walks them and everything else alive — 0.13-0.25 s of Gemma 3's
+    1.2-1.4 s tokenizer build, 0.03 s of a 128k vocabulary's. Left as it was found."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _tokenizer_from_gguf(metadata: Mapping[str, object], source: str) -> GGUFTokenizerInfo:
     meta = _Metadata(metadata, source)
     model = meta.string("tokenizer.ggml.model", required=True)
     if model not in ("gpt2", "llama"):
