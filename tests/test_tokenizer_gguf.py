@@ -4,6 +4,7 @@ written here, lossless decoding, each pre-tokenizer type doing what llama.cpp's 
 FormatError for every kind of broken tokenizer metadata."""
 from __future__ import annotations
 
+import gc
 import json
 import math
 import subprocess
@@ -641,3 +642,17 @@ def test_a_sentencepiece_vocabulary_with_a_huge_token_loads_in_linear_time():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "7\n"
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_build_leaves_the_garbage_collector_as_it_found_it(enabled):
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        assert pieces(tokenizer_from_gguf(byte_level_metadata()), "hi hi") == ["hi", "Ġhi"]
+        assert gc.isenabled() is enabled
+        with pytest.raises(FormatError):  # a failed build restores it too
+            tokenizer_from_gguf(byte_level_metadata(**{"tokenizer.ggml.merges": ["h x"]}))
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
