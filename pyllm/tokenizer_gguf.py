@@ -159,8 +159,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, object], source: str = METADATA) 
 def _no_cycle_collection():
     """The cyclic garbage collector off for a vocabulary's build: it makes hundreds of thousands of
     tuples and strings (Gemma 3's 514,847 merges), none of them in a cycle, and every collection
-    their allocations set off walks them and everything else alive — 0.13-0.25 s of Gemma 3's
-    1.2-1.4 s tokenizer build, 0.03 s of a 128k vocabulary's. Left as it was found."""
+    their allocations set off walks them and everything else alive: ~0.13 s of Gemma 3's ~1.2 s
+    tokenizer build (benchmarks/RESULTS.md). Left as it was found."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
