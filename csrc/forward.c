@@ -5,6 +5,7 @@
  * rows) and ends at a barrier, so a whole decode step is one dispatch to the pool. A step whose slot
  * is absent is skipped by a branch per layer.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -20,7 +21,8 @@ typedef struct {
     int batch;        /* tokens of the whole call: picks the matmul path for every chunk alike */
     const pl_trace *trace; /* or NULL */
     int trace_row;    /* the trace row of this chunk's first token */
-    pl_state *const *seqs; /* a batched decode step: row t is the next token of seqs[t]; else NULL */
+    pl_state *const *seqs; /* a batched step: row t is a token of seqs[t]; else NULL */
+    const int *offsets;    /* with seqs: row t's position is seqs[t]->pos + offsets[t] */
     int own_rows;     /* one token (a decode step): each thread keeps its own copy of the residual
                          row and its normed row (x's and xn's row ith), so that it needs no barrier
                          to norm them and start the next matmul */
@@ -28,10 +30,12 @@ typedef struct {
 } forward_args;
 
 /* Where row t of the batch belongs: its sequence and its position there. Without seqs every row
- * is the next position of s; with them (a batched decode step) each row is one sequence's token,
- * and s lends only its activation buffers. */
+ * is the next position of s; with them (a batched step) each row is a token of its own sequence,
+ * one sequence's rows consecutive, and s lends only its activation buffers. */
 static inline pl_state *seq_of(const forward_args *a, int t) { return a->seqs ? a->seqs[t] : a->s; }
-static inline int pos_of(const forward_args *a, int t) { return a->seqs ? a->seqs[t]->pos : a->s->pos + t; }
+static inline int pos_of(const forward_args *a, int t) {
+    return a->seqs ? a->seqs[t]->pos + a->offsets[t] : a->s->pos + t;
+}
 
 /* Where layer l's cache (which = 0: keys, 1: values) of s holds KV head g's row of position pos:
  * head-major, so that attention reads each head's keys and values as one contiguous run. */
@@ -222,7 +226,7 @@ static void batch_row(const void *ctx, int t, pl_attn_row *row) {
     row->q = b->a->s->q + t * qd;
     row->out = b->a->s->att + t * qd;
     row->kv = layer_cache(seq, m, b->l);
-    row->pos = seq->pos;
+    row->pos = pos_of(b->a, t);
 }
 
 /* tr: the layer's PL_TRACE_POINTS buffers, or NULL when it is not traced. */
@@ -348,7 +352,7 @@ static void head_task(void *raw, int ith, int nth) {
 
 int pl_head(const pl_model *m, pl_state *s, pl_pool *pool, const float *x, int n, float *logits) {
     if (n < 1 || n > s->n_batch || !x || !logits) return PL_ERR_ARGS;
-    head_args h = {{m, s, pool, NULL, n, logits, 1, n, NULL, 0, NULL, 0, 0}, x};
+    head_args h = {{m, s, pool, NULL, n, logits, 1, n, NULL, 0, NULL, NULL, 0, 0}, x};
     pl_pool_run(pool, head_task, &h);
     return PL_OK;
 }
@@ -382,7 +386,7 @@ int pl_forward_layers(const pl_model *m, pl_state *s, pl_pool *pool, const int32
         int last = done + chunk == n;
         float *out = !logits ? NULL : all_logits ? logits + (int64_t)done * m->vocab_size : (last ? logits : NULL);
         forward_args a = {m, s, pool, tokens + done, chunk, out, all_logits, n, trace,
-                          trace ? s->pos - trace->pos0 : 0, NULL, chunk == 1, n_layers};
+                          trace ? s->pos - trace->pos0 : 0, NULL, NULL, chunk == 1, n_layers};
         int blas_chunk = s->mm.sgemm && s->mm.per_thread_blas && n >= PL_BLAS_MIN_TOKENS;
         int blas_threads = blas_chunk ? m->blas.get_threads() : 0;
         if (blas_chunk) m->blas.set_threads(1);
@@ -394,21 +398,44 @@ int pl_forward_layers(const pl_model *m, pl_state *s, pl_pool *pool, const int32
     return PL_OK;
 }
 
-int pl_forward_batch(const pl_model *m, pl_state *work, pl_state *const *seqs, int n_seqs, pl_pool *pool,
-                     const int32_t *tokens, float *logits) {
-    if (n_seqs < 1 || n_seqs > work->n_batch || !seqs || !tokens || !logits) return PL_ERR_ARGS;
+int pl_forward_batch(const pl_model *m, pl_state *work, pl_state *const *seqs, int n_seqs, const int *n_tokens,
+                     pl_pool *pool, const int32_t *tokens, float *logits) {
+    if (n_seqs < 1 || !seqs || !tokens || !logits) return PL_ERR_ARGS;
+    int rows = 0;
     for (int b = 0; b < n_seqs; b++) {
         const pl_state *q = seqs[b];
-        if (!q || q == work || q->kv_dim != work->kv_dim || q->n_ctx > work->n_ctx) return PL_ERR_ARGS;
+        const int count = n_tokens ? n_tokens[b] : 1;
+        if (!q || q == work || q->kv_dim != work->kv_dim || q->n_ctx > work->n_ctx || count < 1) return PL_ERR_ARGS;
         for (int c = 0; c < b; c++)
             if (seqs[c] == q) return PL_ERR_ARGS;
-        if (q->pos >= q->n_ctx || (m->pos_embd.data && q->pos >= m->n_positions)) return PL_ERR_CONTEXT;
-        if (tokens[b] < 0 || tokens[b] >= m->vocab_size) return PL_ERR_TOKEN;
+        if (count > q->n_ctx - q->pos || (m->pos_embd.data && q->pos + count > m->n_positions))
+            return PL_ERR_CONTEXT;
+        rows += count;
+        if (rows > work->n_batch) return PL_ERR_ARGS;
     }
-    for (int b = 0; b < n_seqs; b++) pl_state_rope_upto(seqs[b], m, seqs[b]->pos + 1);
-    /* batch 1: every row takes the decode path, so each sequence's numbers are its solo step's */
-    forward_args a = {m, work, pool, tokens, n_seqs, logits, 1, 1, NULL, 0, seqs, n_seqs == 1, 0};
+    for (int t = 0; t < rows; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->vocab_size) return PL_ERR_TOKEN;
+    /* row t's sequence and its place after that sequence's position */
+    pl_state **row_seqs = malloc((size_t)rows * sizeof *row_seqs);
+    int *offsets = malloc((size_t)rows * sizeof *offsets);
+    if (!row_seqs || !offsets) {
+        free(row_seqs);
+        free(offsets);
+        return PL_ERR_NOMEM;
+    }
+    for (int b = 0, t = 0; b < n_seqs; b++) {
+        const int count = n_tokens ? n_tokens[b] : 1;
+        pl_state_rope_upto(seqs[b], m, seqs[b]->pos + count);
+        for (int i = 0; i < count; i++, t++) {
+            row_seqs[t] = seqs[b];
+            offsets[t] = i;
+        }
+    }
+    /* batch 1: every row takes the decode path, so each row's numbers are its solo step's */
+    forward_args a = {m, work, pool, tokens, rows, logits, 1, 1, NULL, 0, row_seqs, offsets, rows == 1, 0};
     pl_pool_run(pool, forward_task, &a);
-    for (int b = 0; b < n_seqs; b++) seqs[b]->pos++;
+    for (int b = 0; b < n_seqs; b++) seqs[b]->pos += n_tokens ? n_tokens[b] : 1;
+    free(row_seqs);
+    free(offsets);
     return PL_OK;
 }

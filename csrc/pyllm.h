@@ -394,13 +394,15 @@ enum pl_status {
 int pl_forward(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
                float *logits, int all_logits);
 
-/* One decode step of several sequences at once: tokens[b] is appended to seqs[b] at its own
- * position, and logits (n_seqs, vocab_size) get each one's next-token logits. The weights are read
- * once for every sequence; each attends over its own cache. work lends its activation buffers
- * (n_seqs <= its n_batch, and no sequence's n_ctx above its own) and is not advanced. Each row takes
- * the decode path, so a sequence gets the numbers its own one-token pl_forward would give. */
-int pl_forward_batch(const pl_model *m, pl_state *work, pl_state *const *seqs, int n_seqs, pl_pool *pool,
-                     const int32_t *tokens, float *logits);
+/* One step of several sequences at once: n_tokens[b] tokens (one each where n_tokens is NULL) are
+ * appended to seqs[b] at its own position, tokens holding each sequence's in turn, and logits
+ * (rows, vocab_size) get every row's next-token logits, rows in the same order. The weights are read
+ * once for every row; each attends over its own cache, a sequence's later rows over its earlier
+ * ones too. work lends its activation buffers (rows <= its n_batch, and no sequence's n_ctx above
+ * its own) and is not advanced. Each row takes the decode path, so a row gets the numbers of its own
+ * one-token pl_forward (a speculative round of several sequences: each one's proposed tokens). */
+int pl_forward_batch(const pl_model *m, pl_state *work, pl_state *const *seqs, int n_seqs, const int *n_tokens,
+                     pl_pool *pool, const int32_t *tokens, float *logits);
 
 /* ---------------------------------------------------------------- tracing (forward.c) */
 

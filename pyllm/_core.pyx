@@ -526,18 +526,22 @@ cdef class CoreSequence:
         else fewer than sgemm's threshold (sgemm's f32 activations round differently)."""
         return self.n_ctx if self.model.m.sgemm == NULL else PL_BLAS_MIN_TOKENS - 1  # state.c's choice
 
-    def forward_batch(self, list seqs, tokens):
-        """One decode step of every sequence in seqs (CoreSequences of this model, each its own),
-        tokens[b] appended to seqs[b]; this sequence lends its buffers (n_batch >= len(seqs)) and
-        is not advanced. Returns float32 logits (len(seqs), vocab), row b equal to what
-        seqs[b].forward([tokens[b]]) would give."""
+    def forward_batch(self, list seqs, tokens, counts=None):
+        """One step of every sequence in seqs (CoreSequences of this model, each its own): counts[b]
+        tokens (one each without counts) appended to seqs[b], tokens holding each sequence's in
+        turn; this sequence lends its buffers (n_batch >= the tokens in all) and is not advanced.
+        Returns float32 logits (tokens, vocab), each row equal to that token's own one-token
+        seqs[b].forward: a batched decode step, or several speculative rounds in one call."""
         cdef int n = len(seqs)
         arr = np.ascontiguousarray(tokens, dtype=np.int32)
-        if n == 0 or arr.shape != (n,):
-            raise ValueError("one token per sequence, and at least one sequence")
-        if n > self.n_batch:
-            raise ValueError(f"{n} sequences in one step: this buffer holds {self.n_batch}")
+        per_seq = np.ones(n, dtype=np.intc) if counts is None else np.ascontiguousarray(counts, dtype=np.intc)
+        if n == 0 or per_seq.shape != (n,) or (per_seq < 1).any() or arr.shape != (int(per_seq.sum()),):
+            raise ValueError("at least one sequence, at least one token for each, and as many tokens as counted")
+        cdef int rows = arr.shape[0]
+        if rows > self.n_batch:
+            raise ValueError(f"{rows} tokens in one step: this buffer holds {self.n_batch}")
         cdef const int32_t[::1] tv = arr
+        cdef const int[::1] cv = per_seq
         cdef CoreSequence seq
         cdef pl_state **states = <pl_state **>malloc(n * sizeof(pl_state *))
         if states == NULL:
@@ -548,27 +552,29 @@ cdef class CoreSequence:
                 if seq.model is not self.model:
                     raise ValueError("every sequence must belong to this model")
                 states[b] = seq.s
-            out = np.empty((n, self.model.m.vocab_size), dtype=np.float32)
-            rc = self._batch_step(states, n, &tv[0], out)
+            out = np.empty((rows, self.model.m.vocab_size), dtype=np.float32)
+            rc = self._batch_step(states, n, &cv[0], &tv[0], out)
         finally:
             free(states)
         if rc == 1:
             raise ValueError(f"a token id is outside [0, {self.model.m.vocab_size})")
         if rc == 2:
             raise OverflowError("a sequence's context is full")
+        if rc == 4:
+            raise MemoryError()
         if rc != 0:
             raise ValueError("the sequences must be distinct, of this model, and fit this buffer's context")
         for b in range(n):
             seq = seqs[b]
-            seq.tokens_processed += 1
+            seq.tokens_processed += per_seq[b]
         return out
 
-    cdef int _batch_step(self, pl_state **states, int n, const int32_t *tokens, object out):
+    cdef int _batch_step(self, pl_state **states, int n, const int *counts, const int32_t *tokens, object out):
         cdef float[:, ::1] ov = out
         cdef int rc
         with _forward_lock:
             with nogil:
-                rc = pl_forward_batch(&self.model.m, self.s, states, n, self.model.pool, tokens, &ov[0, 0])
+                rc = pl_forward_batch(&self.model.m, self.s, states, n, counts, self.model.pool, tokens, &ov[0, 0])
         return rc
 
     def head(self, const float[:, ::1] x):

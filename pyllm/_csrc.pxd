@@ -161,8 +161,8 @@ cdef extern from "pyllm.h" nogil:
         int64_t n
     int pl_vocab_splits(const char *bytes, const int64_t *offsets, int64_t n, pl_vocab_split_list *out)
     void pl_vocab_split_list_free(pl_vocab_split_list *out)
-    int pl_forward_batch(const pl_model *m, pl_state *work, pl_state *const *seqs, int n_seqs, pl_pool *pool,
-                         const int32_t *tokens, float *logits)
+    int pl_forward_batch(const pl_model *m, pl_state *work, pl_state *const *seqs, int n_seqs, const int *n_tokens,
+                         pl_pool *pool, const int32_t *tokens, float *logits)
 
 cdef extern from "kernels.h" nogil:
     ctypedef struct pl_matmul_out:

@@ -69,8 +69,14 @@ def test_bad_batches_are_refused(family_checkpoint):
         work.forward_batch([a, b, _core.CoreSequence(llm._core, 64)], [5, 6, 7])
     with pytest.raises(ValueError, match="this model"):
         work.forward_batch([a, _core.CoreSequence(other._core, 64)], [5, 6])
-    with pytest.raises(ValueError, match="one token per sequence"):
+    with pytest.raises(ValueError, match="as many tokens as counted"):
         work.forward_batch([a, b], [5])
+    with pytest.raises(ValueError, match="as many tokens as counted"):
+        work.forward_batch([a, b], [5, 6, 7], counts=[1, 1])
+    with pytest.raises(ValueError, match="at least one token for each"):
+        work.forward_batch([a, b], [5, 6], counts=[2, 0])
+    with pytest.raises(ValueError, match="holds 2"):
+        work.forward_batch([a, b], [5, 6, 7], counts=[1, 2])
     with pytest.raises(ValueError, match="outside"):
         work.forward_batch([a, b], [5, llm.vocab_size])
     with pytest.raises(ValueError, match="context"):  # a sequence longer than the buffer's context
@@ -79,7 +85,42 @@ def test_bad_batches_are_refused(family_checkpoint):
     full.forward([5, 6, 7, 8])
     with pytest.raises(OverflowError, match="full"):
         work.forward_batch([full], [5])
+    nearly = _core.CoreSequence(llm._core, 4)
+    nearly.forward([5, 6, 7])
+    with pytest.raises(OverflowError, match="full"):  # one position left, two tokens
+        work.forward_batch([nearly], [5, 6], counts=[2])
     assert a.pos == b.pos == 0  # a refused step advances nothing
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3", "gpt2"])
+def test_several_tokens_of_several_sequences_in_one_step_are_each_token_s_own_step(family_checkpoint, family):
+    """Speculative rounds of several sequences at once: a sequence's rows attend over its earlier
+    rows of the same call (gemma3: across its window of 8), each row the bits of its one-token step."""
+    llm = pyllm.load(family_checkpoint(family), threads=2)
+    rng = np.random.default_rng(2)
+    prompts = [list(rng.integers(3, llm.vocab_size, n)) for n in (5, 19, 1)]
+    rounds = [[3, 1, 6], [1, 9, 2], [4, 4, 1]]  # tokens per sequence in each call
+    feeds = [list(rng.integers(3, llm.vocab_size, sum(r[b] for r in rounds))) for b in range(len(prompts))]
+    solo = []
+    for prompt, feed in zip(prompts, feeds):
+        seq = _core.CoreSequence(llm._core, 64)
+        seq.forward(prompt)
+        solo.append(np.stack([seq.forward([t]) for t in feed]))
+    seqs = [_core.CoreSequence(llm._core, 64) for _ in prompts]
+    for seq, prompt in zip(seqs, prompts):
+        seq.forward(prompt)
+    work = _core.CoreSequence(llm._core, 64, n_batch=16)
+    batched, done = [[] for _ in prompts], [0] * len(prompts)
+    for counts in rounds:
+        tokens = [t for b, c in enumerate(counts) for t in feeds[b][done[b]:done[b] + c]]
+        out = work.forward_batch(seqs, tokens, counts=counts)
+        assert out.shape == (sum(counts), llm.vocab_size)
+        for b, rows in enumerate(np.split(out, np.cumsum(counts)[:-1])):
+            batched[b].append(rows)
+            done[b] += counts[b]
+    assert [s.pos for s in seqs] == [len(p) + d for p, d in zip(prompts, done)]
+    for a, b in zip(solo, batched):
+        np.testing.assert_array_equal(a, np.concatenate(b))
 
 
 PROMPTS = ["The capital of France is", "Water boils at",
