@@ -199,6 +199,23 @@ void pl_attention(const pl_model *m, const float *q, const pl_kv_view *kv, int p
     }
 }
 
+/* How many rows from t on are consecutive tokens of one sequence: the same cache, each at the
+ * position after the one before, their query and output rows consecutive too (a speculative
+ * round's rows in a batched step), so that they can share key reads as pl_attention's tokens do. */
+static int run_at(const pl_model *m, pl_attn_row_fn row_of, const void *ctx, int t, int n, pl_attn_row *first) {
+    const int64_t qd = (int64_t)m->n_heads * m->head_dim;
+    pl_attn_row next;
+    row_of(ctx, t, first);
+    int len = 1;
+    for (; t + len < n; len++) {
+        row_of(ctx, t + len, &next);
+        if (next.kv.k != first->kv.k || next.pos != first->pos + len || next.q != first->q + len * qd ||
+            next.out != first->out + len * qd)
+            break;
+    }
+    return len;
+}
+
 void pl_attention_rows(const pl_model *m, pl_attn_row_fn row_of, const void *ctx, int n, int window, float *scores,
                        int64_t n_scores, int ith, int nth) {
     const int group = m->n_heads / m->n_kv_heads;
@@ -210,26 +227,42 @@ void pl_attention_rows(const pl_model *m, pl_attn_row_fn row_of, const void *ctx
         longest = keys > longest ? keys : longest;
         total += (keys + 16) * m->n_heads;
     }
-    /* the widest items of one KV head's queries that the scratch holds for the longest row */
-    int64_t fit = n_scores / longest;
+    /* the widest items the scratch holds for the longest row: up to tb tokens of a run (each row
+     * its own run where the rows are other sequences') times hq of one KV head's queries */
+    int64_t fit = n_scores / (longest + (window > 0 ? ATTN_TOKENS - 1 : 0)); /* a block's keys, windowed */
     if (fit > ATTN_MAX_Q) fit = ATTN_MAX_Q;
     int hq = group < fit ? group : fit > 1 ? (int)fit : 1;
-    while (hq > 1 && (int64_t)n * m->n_kv_heads * ((group + hq - 1) / hq) < 2 * nth) hq--; /* items to balance */
+    int tb = fit / hq < ATTN_TOKENS ? (int)(fit / hq) : ATTN_TOKENS;
+    if (tb < 1) tb = 1;
+    for (;;) { /* items to balance: smaller ones while there are fewer than two a thread */
+        int64_t items = 0;
+        for (int t = 0, len; t < n; t += len) {
+            len = run_at(m, row_of, ctx, t, n, &row);
+            items += (len + tb - 1) / tb;
+        }
+        items *= (int64_t)m->n_kv_heads * ((group + hq - 1) / hq);
+        if (items >= 2 * nth) break;
+        if (tb > 1) tb--;
+        else if (hq > 1) hq--;
+        else break;
+    }
     const int chunks = (group + hq - 1) / hq;
-    /* items in order (row, KV head, chunk of its queries); each thread the items whose cost's middle
-     * falls in its share, as pl_attention deals */
+    /* items in order (run, block of tb of its tokens, KV head, chunk of its queries); each thread
+     * the items whose cost's middle falls in its share, as pl_attention deals */
     int64_t before = 0;
-    for (int t = 0; t < n; t++) {
-        row_of(ctx, t, &row);
-        for (int g = 0; g < m->n_kv_heads; g++)
-            for (int c = 0; c < chunks; c++) {
-                attn_item it = {0, 1, g * group + c * hq, group - c * hq < hq ? group - c * hq : hq};
-                int64_t cost = item_cost(&it, row.pos, window);
-                int mine = dealt_to(before, cost, total, ith, nth);
-                before += cost;
-                if (mine)
-                    attend_item(m, &it, row.q, &row.kv, row.pos, window, row.out, scores, NULL);
-            }
+    for (int t = 0, len; t < n; t += len) {
+        len = run_at(m, row_of, ctx, t, n, &row);
+        for (int b = 0; b < len; b += tb)
+            for (int g = 0; g < m->n_kv_heads; g++)
+                for (int c = 0; c < chunks; c++) {
+                    attn_item it = {b, len - b < tb ? len - b : tb, g * group + c * hq,
+                                    group - c * hq < hq ? group - c * hq : hq};
+                    int64_t cost = item_cost(&it, row.pos, window);
+                    int mine = dealt_to(before, cost, total, ith, nth);
+                    before += cost;
+                    if (mine)
+                        attend_item(m, &it, row.q, &row.kv, row.pos, window, row.out, scores, NULL);
+                }
     }
 }
 

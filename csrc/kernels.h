@@ -156,9 +156,11 @@ typedef void (*pl_attn_row_fn)(const void *ctx, int t, pl_attn_row *row);
 /* pl_attention of n rows that each attend over their own cache: items of (row, KV head, the head's
  * queries up to the scores' room) dealt to the threads in runs of about equal cost over the whole
  * step, so that every row reads each KV head once (pl_attention of one row cuts SmolLM2's 3 queries
- * a head into 2 + 1 to have items for two threads, and reads each head twice). The same bits as
- * pl_attention of each row alone. scores: this thread's n_scores floats, at least the longest row's
- * keys; pl_attention_scores_floats for its context lets an item take all of a KV head's queries. */
+ * a head into 2 + 1 to have items for two threads, and reads each head twice). Consecutive rows that
+ * are consecutive tokens of one sequence (a speculative round) share items as pl_attention's tokens
+ * do, up to ATTN_TOKENS of them reading each key once. The same bits as pl_attention of each row
+ * alone. scores: this thread's n_scores floats, at least the longest row's keys;
+ * pl_attention_scores_floats for its context lets an item take all of a KV head's queries. */
 void pl_attention_rows(const pl_model *m, pl_attn_row_fn row_of, const void *ctx, int n, int window, float *scores,
                        int64_t n_scores, int ith, int nth);
 /* Floats of scores per thread that pl_attention uses in full (and, with sgemm, pl_attention_blas). */
