@@ -167,10 +167,13 @@ class KVPool:
         self._touch(cache)
         return logits
 
-    def step_batch(self, work: _core.CoreSequence, caches: list[Cache], tokens: list[int]) -> np.ndarray:
-        """Decodes one token in each cache in one forward call of work (from batch_sequence);
-        logits (len(caches), vocab)."""
-        logits = work.forward_batch([c.seq for c in caches], np.asarray(tokens))
+    def step_batch(self, work: _core.CoreSequence, caches: list[Cache], tokens: list[int],
+                   counts: list[int] | None = None) -> np.ndarray:
+        """Decodes one token in each cache (counts[i] tokens in caches[i], tokens holding each
+        cache's in turn) in one forward call of work (from batch_sequence); logits (len(tokens),
+        vocab), each row the bits of that token's own step. A speculative round's caller truncates
+        a cache to the tokens it keeps."""
+        logits = work.forward_batch([c.seq for c in caches], np.asarray(tokens), counts)
         for cache in caches:
             self._touch(cache)
         return logits

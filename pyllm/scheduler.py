@@ -7,8 +7,9 @@ Each step (Engine.step):
   3. every job whose next-token logits are ready samples its token, emits it, and either finishes
      or joins this step's batch (a job whose token speculation chose joins it as it is);
   4. the batch runs as one forward pass (pl_forward_batch: each weight read once for all rows); a
-     batch of one job that speculates (pyllm.speculative) runs a round instead: its token and the
-     ones proposed after it in one call, the tokens it takes emitted at once;
+     job that speculates (pyllm.speculative) runs a round in it: its token and the ones proposed
+     after it, each job's proposal weighed against the rows of the whole call (speculative.Share),
+     the tokens it takes emitted at once (a job alone runs its round as a call of its own);
   5. prefill chunks run, oldest job first, up to PREFILL_CHUNK positions in all (the first chunk
      always): a long prompt costs the others one chunk's delay per step instead of its whole
      prefill, and a burst of short prompts is in after one step, so their batch forms at once;
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,8 +41,9 @@ from .errors import QueueFullError
 from .generation import Completion, Generation, Piece, StopMatcher
 from .kvpool import PREFILL_CHUNK, prefill_chunks
 from .sampling import SamplingParams
+from .speculative import MAX_DRAFT, Share, costs_of
 
-MAX_STEP_ROWS = 64  # rows of one forward_batch call; more sequences take several calls per step
+MAX_STEP_ROWS = 64  # rows of one forward_batch call; more take several calls per step
 
 
 @dataclass
@@ -90,7 +93,11 @@ class Job:
         """A speculative round from next_token: emits the tokens it makes; whether the job goes on
         (next_token then the last of them, chosen)."""
         rows = self.speculator.round(pool, self.cache, self.next_token)
-        pieces = self.speculator.judge(self.cache, rows)
+        return self.take(self.speculator.judge(self.cache, rows))
+
+    def take(self, pieces: list) -> bool:
+        """Emits the tokens a speculative round made (speculator.judge's pieces); whether the job
+        goes on (next_token then the last of them, chosen)."""
         for piece in pieces:
             if piece is not None:
                 self.on_event(piece)
@@ -167,7 +174,8 @@ class Engine:
         self.embeds: deque[EmbedJob] = deque()
         self.running: list[Job] = []  # holding a cache: prefilling, then decoding
         self._lock = threading.Lock()  # guards waiting against submitting threads
-        self._work = self.pool.batch_sequence(min(self.slots, MAX_STEP_ROWS))
+        # a step's rows: one a job, and as many as a round proposes where jobs speculate
+        self._work = self.pool.batch_sequence(min(self.slots * (1 + MAX_DRAFT), MAX_STEP_ROWS))
 
     def submit(self, prompt_ids, *, sampling: SamplingParams, max_tokens: int, stop=None,
                logprobs: int | None = None, on_event: Callable, grammar: str | None = None,
@@ -316,6 +324,9 @@ class Engine:
         batch = [j for j in batch if not j.forced]
         for start in range(0, len(batch), MAX_STEP_ROWS):
             group = batch[start:start + MAX_STEP_ROWS]
+            if any(j.speculator is not None for j in group):
+                self._decode_rounds(group)
+                continue
             try:
                 logits = self.pool.step_batch(self._work, [j.cache for j in group], [j.next_token for j in group])
             except Exception as e:  # noqa: BLE001
@@ -324,6 +335,49 @@ class Engine:
                 continue
             for job, row in zip(group, logits):
                 job.logits, job.chosen = row, False
+
+    def _decode_rounds(self, group: list[Job]) -> None:
+        """One call for the group's rows: each job's token, and after it the tokens the jobs that
+        speculate propose, weighed against the rows of the whole call. A job that speculates takes
+        what its rows make at once; the others get their logits, as in a plain batched step."""
+        share = Share(rows=len(group), tokens=len(group), capacity=self._work.n_batch)
+        jobs, tokens = [], []
+        for job in group:
+            try:
+                run = (job.speculator.prepare(job.cache, job.next_token, share) if job.speculator is not None
+                       else [job.next_token])
+            except Exception as e:  # noqa: BLE001 — a proposer that failed fails its job alone
+                self._fail(job, e)
+                continue
+            jobs.append(job)
+            tokens.append(run)
+        if not jobs:
+            return
+        counts = [len(run) for run in tokens]
+        begin = time.perf_counter()
+        try:
+            logits = self.pool.step_batch(self._work, [j.cache for j in jobs], [t for run in tokens for t in run],
+                                          counts)
+        except Exception as e:  # noqa: BLE001
+            for job in jobs:
+                self._fail(job, e)
+            return
+        if any(j.speculator is not None and j.speculator.timed for j in jobs):
+            costs_of(self.model).record(sum(counts), time.perf_counter() - begin)
+        first = 0
+        for job, count in zip(jobs, counts):
+            rows, first = logits[first:first + count], first + count
+            if job.speculator is None:
+                job.logits, job.chosen = rows[0], False
+                continue
+            try:
+                going = job.take(job.speculator.judge(job.cache, rows))
+            except Exception as e:  # noqa: BLE001
+                self._fail(job, e)
+                continue
+            job.logits = None
+            if not going:
+                self._leave(job)
 
     def _prefill_chunks(self) -> None:
         budget = PREFILL_CHUNK

@@ -168,6 +168,7 @@ class Costs:
 
     def __init__(self):
         self.step: float | None = None  # seconds
+        self.guessed = False  # step was inferred from a call of several rows, none of one row timed yet
         self.row = ROW_COST
         self.by_rows: dict[int, float] = {}  # rows > 1 -> a call's time, in steps
         self.drafts: dict[str, float] = {}  # proposer name -> a drafted token's time, in steps
@@ -178,8 +179,13 @@ class Costs:
 
     def record(self, rows: int, seconds: float) -> None:
         if rows == 1:
-            self.step = seconds if self.step is None else COST_MEMORY * self.step + (1 - COST_MEMORY) * seconds
-        elif self.step is not None:
+            fresh = self.step is None or self.guessed
+            self.step = seconds if fresh else COST_MEMORY * self.step + (1 - COST_MEMORY) * seconds
+            self.guessed = False
+        elif self.step is None:
+            # jobs batched together from the start: a step's time as the row cost puts it, until one is timed
+            self.step, self.guessed = seconds / (1 + self.row * (rows - 1)), True
+        else:
             ratio = seconds / self.step
             self.by_rows[rows] = COST_MEMORY * self.by_rows.get(rows, ratio) + (1 - COST_MEMORY) * ratio
             self.row = COST_MEMORY * self.row + (1 - COST_MEMORY) * max(0.0, (ratio - 1) / (rows - 1))
@@ -333,6 +339,29 @@ class SelfDraft:
         return drafts, qs
 
 
+class Share:
+    """The rows of one forward call that a round's proposal is weighed against, as they stand: the
+    rows run, the tokens they are expected to make, the time spent drafting them (in steps), and
+    the most rows the call may take. A generation alone: its own row, one token. In a batched step
+    (pyllm.scheduler) every job's row first, then each job's drafts as it plans them: a draft pays
+    where it raises the tokens the whole call makes per step's time."""
+
+    def __init__(self, rows: int = 1, tokens: float = 1.0, capacity: int | None = None):
+        self.rows = rows
+        self.tokens = tokens
+        self.drafting = 0.0
+        self.capacity = capacity
+
+    def room(self) -> int | None:
+        return None if self.capacity is None else self.capacity - self.rows
+
+    def add(self, drafts: int, expected: float, draft_cost: float) -> None:
+        """A round's drafts join the call, expected to make `expected` tokens with its own row."""
+        self.rows += drafts
+        self.tokens += expected - 1
+        self.drafting += drafts * draft_cost
+
+
 class Speculator:
     """One generation's speculation: its proposer, how many tokens to propose, and what was
     proposed and taken (usage())."""
@@ -351,6 +380,7 @@ class Speculator:
         self.draft_cost = self.costs.drafts.get(name, proposer.cost)  # a drafted token's time, in steps
         self.rounds = 0  # rounds that proposed
         self.missed = False  # a draft was turned down
+        self.expected = 1.0  # the tokens this round's plan expects it to make
         self.odds: Odds | None = None  # the kind of this round's proposal
         self.proposed = self.accepted = 0
         self.steps = 0  # forward calls of the model while decoding: plain steps and verifying calls
@@ -367,14 +397,29 @@ class Speculator:
     def round(self, pool, cache, token: int) -> np.ndarray:
         """Runs token (just chosen) and this round's drafts in cache as one forward call; the rows
         of logits, one per token run. Call under pool.lock; then judge(rows)."""
+        tokens = self.prepare(cache, token)
+        start = time.perf_counter()
+        rows = pool.verify(cache, tokens) if self.drafts else pool.step(cache, token)[None]
+        if self.timed:
+            self.costs.record(len(tokens), time.perf_counter() - start)
+        return rows
+
+    def prepare(self, cache, token: int, share: Share | None = None) -> list[int]:
+        """The tokens of this round's rows: token (just chosen) and the drafts proposed after it,
+        weighed against share (the other rows of a batched call; alone without it), which then
+        counts them in. The caller runs them in cache (pyllm.scheduler: with the other jobs'), then
+        judge(rows)."""
         gen = self.gen
         self.steps += 1
+        share = share or Share()
         room = min(gen.max_tokens - len(gen.generated),  # the last row would go unused past these
                    gen.n_ctx - cache.seq.pos - 1, cache.seq.exact_rows - 1)
+        if share.room() is not None:
+            room = min(room, share.room())
         self.drafts, self.qs = [], []
         context = self.context
         context += gen.generated[len(context) - len(gen.ids):]
-        k = self._plan(context, room) if room > 0 else 0
+        k = self._plan(context, room, share) if room > 0 else 0
         if k:
             if isinstance(self.proposer, SelfDraft):
                 self.proposer.seq = cache.seq
@@ -385,16 +430,13 @@ class Speculator:
                 per_token = drafting / len(self.drafts) / self.costs.step
                 self.draft_cost = COST_MEMORY * self.draft_cost + (1 - COST_MEMORY) * per_token
                 self.costs.drafts[self.name] = self.draft_cost
-        tokens = [token] + self.drafts
-        start = time.perf_counter()
-        rows = pool.verify(cache, tokens) if self.drafts else pool.step(cache, token)[None]
-        if self.timed:
-            self.costs.record(len(tokens), time.perf_counter() - start)
-        return rows
+            share.add(len(self.drafts), self.expected, self.draft_cost)
+        return [token] + self.drafts
 
-    def _plan(self, context: list[int], room: int) -> int:
+    def _plan(self, context: list[int], room: int, share: Share | None = None) -> int:
         """How many tokens this round proposes (0: a plain step), from the proposer's odds and the
-        costs; self.odds the kind of proposal it makes."""
+        costs of share's call with them; self.odds the kind of proposal it makes, self.expected the
+        tokens the round is then expected to make."""
         if self.timed and self.costs.step is None:
             return 0  # a plain step first: its time is the unit of every cost
         self.odds, most = self.proposer.odds(context)
@@ -405,19 +447,23 @@ class Speculator:
             odds.passing -= 1
             odds.probe = odds.passing == 0 and not self.lookup
             return 0
+        share = share or Share()
+        plain = share.tokens / (self.costs.ratio(share.rows) + share.drafting)  # the call without drafts
         if self.lookup:
-            k, value = self._best(self.proposer.rates(), most)
-            if value >= 1:
+            k, value, self.expected = self._best(self.proposer.rates(), most, share)
+            if value >= plain:
                 return k
             odds.passing = FIRST_PAUSE  # its odds keep learning meanwhile: no probe, no longer pause
             return 0
-        hopeless = self._best(repeat(1.0), MAX_DRAFT)[1] < 1  # not even drafts that were always taken would pay
+        hopeless = self._best(repeat(1.0), MAX_DRAFT, Share())[1] < 1  # not even drafts always taken would pay
         if not self.missed and self.rounds < (1 if hopeless else TRUSTED_ROUNDS):
             start = START_DRAFT if self.draft_cost < CHEAP_DRAFT else 1
-            return min(start + 2 * self.rounds, most)
-        k, value = self._best(repeat(odds.rate), most)
-        if value >= 1 or odds.probe:
-            if value >= 1:
+            k = min(start + 2 * self.rounds, most)
+            self.expected = sum(odds.rate ** i for i in range(k + 1))
+            return k
+        k, value, self.expected = self._best(repeat(odds.rate), most, share)
+        if value >= plain or odds.probe:
+            if value >= plain:
                 odds.wait = FIRST_PAUSE
             odds.probe = False
             return k
@@ -427,17 +473,19 @@ class Speculator:
             odds.passing, odds.wait = odds.wait, min(2 * odds.wait, LONGEST_PAUSE)
         return 0
 
-    def _best(self, rates, most: int) -> tuple[int, float]:
-        """The number of drafts (1 to most) that makes the most tokens per step's time, and those
-        tokens per step: each draft taken with the next of rates once the one before it was."""
-        best = (1, 0.0)
+    def _best(self, rates, most: int, share: Share) -> tuple[int, float, float]:
+        """The number of drafts (1 to most) that makes share's call make the most tokens per step's
+        time, those tokens per step, and the tokens the round makes: each draft taken with the next
+        of rates once the one before it was."""
+        best = (1, 0.0, 1.0)
         expected = reach = 1.0  # the tokens a round makes; the odds that every draft so far is taken
         for k, rate in zip(range(1, most + 1), rates):
             reach *= rate
             expected += reach
-            value = expected / (self.costs.ratio(k + 1) + k * self.draft_cost)
+            value = ((share.tokens - 1 + expected)
+                     / (self.costs.ratio(share.rows + k) + share.drafting + k * self.draft_cost))
             if value > best[1]:
-                best = (k, value)
+                best = (k, value, expected)
             if reach < NEGLIGIBLE:  # longer drafts add next to nothing but their rows
                 break
         return best

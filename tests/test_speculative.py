@@ -128,6 +128,77 @@ def test_stream_chat_and_generate_over_a_list_speculate_too(tiny):
                                          max_tokens=20).token_ids
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gpt2"])
+def test_jobs_batched_together_speculate_in_one_call_and_each_gets_its_plain_tokens(tiny, family):
+    """Generate over a list: the jobs decode together and every one runs its rounds in the same call
+    as the others' rows (pl_forward_batch, several tokens a sequence); each gets the tokens,
+    logprobs and text it gets alone. A draft that is always right (the target itself, taken as
+    free) shows that rounds ran while the jobs were batched: far fewer calls than tokens."""
+    target, same = tiny(family)
+    speculative.costs_of(target).drafts[target.speculation(same).name] = 0.0
+    prompts = [PROMPT, "the dog sat on the log and the cat", "the mat", PROMPT + " sat"]
+    plain = [target.generate(p, max_tokens=24, logprobs=2) for p in prompts]
+    for proposer in ["lookup", same]:
+        fast = target.generate(prompts, max_tokens=24, logprobs=2, speculative=proposer)
+        for alone, batched in zip(plain, fast):
+            _same_run(alone, batched)
+        if proposer is same:
+            for batched in fast:
+                counts = batched.usage["speculative"]
+                if batched.finish_reason == "length":  # drafts after an end of sequence go unused
+                    assert counts["accepted"] == counts["proposed"] > 0
+                assert counts["steps"] < len(batched.token_ids) // 2
+
+
+def test_the_real_q4_1_file_speculates_in_a_batch_exactly(smollm2_gguf):
+    """Two editing requests and a free one at once, lookup: the copied text is proposed and taken
+    while the three decode together."""
+    llm = pyllm.load(smollm2_gguf, threads=2)
+    code = "def area(width, height):\n    \"\"\"The area of a rectangle.\"\"\"\n    return width * height\n"
+    prompts = [llm.render_chat([{"role": "user", "content": f"Rename {name} in this function:\n\n{code}"}])
+               for name in ("width to w", "height to h")] + ["Once upon a time"]
+    plain = [llm.generate(p, max_tokens=40, logprobs=2) for p in prompts]
+    fast = llm.generate(prompts, max_tokens=40, logprobs=2, speculative="lookup")
+    for alone, batched in zip(plain, fast):
+        _same_run(alone, batched)
+    assert all(f.usage["speculative"]["accepted"] > 5 for f in fast[:2])
+
+
+def test_in_a_batch_a_draft_is_weighed_against_the_rows_of_the_whole_call(tiny):
+    """A draft taken half the time pays alone where a row costs 0.3 of a step (1.5 tokens for 1.3
+    steps), not beside eight rows in one call (8.5 tokens for 3.4 steps against 8 for 3.1): there
+    the other jobs would wait on it. Where rows cost nothing (memory-bound), it pays in both."""
+    target = tiny("llama")[0]
+    gen = Generation(target, target.prompt_ids(PROMPT), SamplingParams(), 24, None, None)
+    rng = np.random.default_rng(3)
+    stretch = [int(t) for t in rng.integers(10, 300, 40)]
+    context = stretch + stretch[:3]  # a match of 3 tokens
+    for rows, alone, batched in [(lambda n: 1 + 0.3 * (n - 1), True, False), (lambda n: 1.0, True, True)]:
+        costs = _costs({n: rows(n) for n in range(2, 40)})
+        results = []
+        for share in [None, speculative.Share(rows=8, tokens=8)]:
+            planner = speculative.Speculator("lookup", speculative.PromptLookup(), gen, target.vocab_size, costs)
+            odds, _ = planner.proposer.odds(context)
+            odds.taken, odds.tries = 1.0, 2.0
+            for later in planner.proposer.at_length:
+                later.taken, later.tries = 1.0, 2.0
+            results.append(planner._plan(context, 100, share) > 0)
+        assert results == [alone, batched]
+    share = speculative.Share(rows=8, tokens=8, capacity=10)
+    share.add(2, 1.5, 0.0)
+    assert (share.rows, share.tokens, share.room()) == (10, 8.5, 0)
+
+
+def test_costs_guess_a_step_from_a_batched_call_until_one_is_timed():
+    costs = speculative.Costs()
+    costs.record(4, 0.013)  # jobs batched from the start: no one-row step yet
+    assert costs.guessed and costs.step == pytest.approx(0.013 / (1 + 3 * speculative.ROW_COST))
+    costs.record(1, 0.004)
+    assert not costs.guessed and costs.step == 0.004
+    costs.record(1, 0.005)
+    assert costs.step == pytest.approx(0.9 * 0.004 + 0.1 * 0.005)
+
+
 def test_a_model_loaded_with_a_speculative_setting_uses_it(checkpoint):
     folder = checkpoint("llama")
     llm = pyllm.load(folder, threads=2, speculative=f"draft:{folder}")
