@@ -12,6 +12,9 @@ has each round's decode against plain's in the same round, and their median (on 
 per-round ratios say more than the best of each). Forward calls:
 the model's calls after the prompt (plain: one per token), which no load on the machine changes.
 --tasks and --targets take subsets (--targets gemma3: Gemma 3 270M Q4_K_M, lookup and self:14).
+--together runs the tasks at once instead, one request each, as a list (Model.generate's engine:
+one call a step for all of them, each job's proposals in it); decode tok/s is then every job's
+tokens after its first over the time past the list's prefill.
 Prints a Markdown table and the machine.
 """
 from __future__ import annotations
@@ -89,6 +92,27 @@ def timed(llm, ids, max_tokens, settings, rounds):
     return best
 
 
+def timed_together(llm, id_lists, max_tokens, settings, rounds):
+    """timed() for the prompts run at once as one list: [(completions, best decode tok/s, best
+    end-to-end tok/s, decode tok/s of each round)] for each setting."""
+    best = [[None, 0.0, 0.0, []] for _ in settings]
+    for r in range(rounds):
+        for result, speculative in (zip(best, settings) if r % 2 == 0 else reversed(list(zip(best, settings)))):
+            llm.reset()
+            start = time.perf_counter()
+            llm.generate(id_lists, max_tokens=1, speculative="off")
+            first = time.perf_counter() - start
+            llm.reset()
+            start = time.perf_counter()
+            outs = llm.generate(id_lists, max_tokens=max_tokens, speculative=speculative)
+            total = time.perf_counter() - start
+            n = sum(len(out.token_ids) for out in outs)
+            decode = (n - len(outs)) / max(total - first, 1e-9)
+            result[:3] = [outs, max(result[1], decode), max(result[2], n / total)]
+            result[3].append(decode)
+    return best
+
+
 def call_times(llm, sizes, repeats: int = 25) -> dict[int, float]:
     """rows -> the median seconds of a forward call of that many rows (all their logits, as a
     verifying call returns them) after a 200-token prompt; the weights' values do not change it."""
@@ -121,6 +145,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tasks", default="editing,summary,free chat", help="a comma-separated subset")
     parser.add_argument("--targets", default="q4_1,bf16", help="a comma-separated subset of q4_1,bf16,gemma3")
+    parser.add_argument("--together", action="store_true", help="the tasks at once, as one list")
     args = parser.parse_args()
     q4 = hub.fetch_alias("smollm2", quiet=True)
     setups = [(q4, None, ["lookup", "self:24"])] if "q4_1" in args.targets else []
@@ -147,12 +172,28 @@ def main() -> None:
         drafted = llm.speculative
         print(f"- {os.path.basename(source)}: a verifying call of n rows against a step: {verify_costs(llm)}",
               flush=True)
-        for task, messages in tasks().items():
-            if task not in args.tasks.split(","):
-                continue
-            template = None if llm.tokenizer.chat_template else GEMMA_TURNS
-            ids = llm.tokenizer.encode(llm.render_chat(messages, chat_template=template), add_special=False)
-            settings = ["off"] + [drafted if proposer == "draft" else proposer for proposer in proposers]
+        template = None if llm.tokenizer.chat_template else GEMMA_TURNS
+        chosen = {task: llm.tokenizer.encode(llm.render_chat(messages, chat_template=template), add_special=False)
+                  for task, messages in tasks().items() if task in args.tasks.split(",")}
+        settings = ["off"] + [drafted if proposer == "draft" else proposer for proposer in proposers]
+        if args.together:
+            id_lists = list(chosen.values())
+            name, n_prompt = " + ".join(chosen) + " at once", "+".join(str(len(ids)) for ids in id_lists)
+            (plain, decode0, total0, plain_rounds), *runs = timed_together(llm, id_lists, args.max_tokens, settings,
+                                                                           args.rounds)
+            n = sum(len(out.token_ids) for out in plain)
+            row(os.path.basename(source), name, n_prompt, "plain", n, n - len(plain), "", decode0, total0, 1.0)
+            for proposer, (outs, decode, total, each) in zip(proposers, runs):
+                assert [o.token_ids for o in outs] == [o.token_ids for o in plain], f"{proposer}: not the plain tokens"
+                counts = [out.usage["speculative"] for out in outs]
+                ratios = [a / b for a, b in zip(each, plain_rounds)]
+                rounds = f"{statistics.median(ratios):.3f}x ({' '.join(f'{x:.2f}' for x in ratios)})"
+                row(os.path.basename(source), name, n_prompt, counts[0]["proposer"], n,
+                    "+".join(str(c["steps"]) for c in counts),
+                    f"{sum(c['accepted'] for c in counts)}/{sum(c['proposed'] for c in counts)}", decode, total,
+                    decode / decode0, rounds)
+            continue
+        for task, ids in chosen.items():
             (plain, decode0, total0, plain_rounds), *runs = timed(llm, ids, args.max_tokens, settings, args.rounds)
             row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids), len(plain.token_ids) - 1, "",
                 decode0, total0, 1.0)
