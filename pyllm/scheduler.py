@@ -305,7 +305,7 @@ class Engine:
         return True
 
     def _speculate(self, job: Job) -> None:
-        """A job decoding alone speculates: a batch of one reads the weights for it alone anyway."""
+        """A job decoding alone runs its round as a call of its own (its rows through pl_forward)."""
         try:
             going = job.speculate(self.pool)
         except Exception as e:  # noqa: BLE001

@@ -116,7 +116,7 @@ def test_stream_chat_and_generate_over_a_list_speculate_too(tiny):
     plain = target.generate(PROMPT, max_tokens=20)
     stream = target.stream(PROMPT, max_tokens=20, speculative=same)
     assert "".join(stream) == plain.text and stream.usage["speculative"]["accepted"] > 0
-    [one] = target.generate([PROMPT], max_tokens=20, speculative=same)  # the engine: a job alone speculates
+    [one] = target.generate([PROMPT], max_tokens=20, speculative=same)  # the engine: a job alone
     assert one.token_ids == plain.token_ids and one.usage["speculative"]["accepted"] > 0
     both = target.generate([PROMPT, "the dog"], max_tokens=20, speculative="lookup")
     assert both[0].token_ids == plain.token_ids
