@@ -172,6 +172,9 @@ class Costs:
         self.row = ROW_COST
         self.by_rows: dict[int, float] = {}  # rows > 1 -> a call's time, in steps
         self.drafts: dict[str, float] = {}  # proposer name -> a drafted token's time, in steps
+        # proposer name -> {k: a round's time drafting k tokens, in steps}: a draft model's round
+        # first catches up with the tokens taken since its last one, so it is not k times a token's
+        self.draft_rounds: dict[str, dict[int, float]] = {}
 
     def ratio(self, rows: int) -> float:
         """The time of a call of rows tokens, in steps."""
@@ -355,11 +358,12 @@ class Share:
     def room(self) -> int | None:
         return None if self.capacity is None else self.capacity - self.rows
 
-    def add(self, drafts: int, expected: float, draft_cost: float) -> None:
-        """A round's drafts join the call, expected to make `expected` tokens with its own row."""
+    def add(self, drafts: int, expected: float, drafting: float) -> None:
+        """A round's drafts join the call, expected to make `expected` tokens with its own row,
+        drafted in `drafting` steps' time."""
         self.rows += drafts
         self.tokens += expected - 1
-        self.drafting += drafts * draft_cost
+        self.drafting += drafting
 
 
 class Speculator:
@@ -378,6 +382,7 @@ class Speculator:
         self.lookup = isinstance(proposer, PromptLookup)
         self.context = list(gen.ids)  # the prompt and the tokens generated, grown in place
         self.draft_cost = self.costs.drafts.get(name, proposer.cost)  # a drafted token's time, in steps
+        self.draft_rounds = self.costs.draft_rounds.setdefault(name, {})  # a round's drafting time by k
         self.rounds = 0  # rounds that proposed
         self.missed = False  # a draft was turned down
         self.expected = 1.0  # the tokens this round's plan expects it to make
@@ -425,12 +430,14 @@ class Speculator:
                 self.proposer.seq = cache.seq
             start = time.perf_counter()
             self.drafts, self.qs = self.proposer.propose(context, k, self._choose)
-            if self.timed and self.costs.step and self.drafts:
-                drafting = time.perf_counter() - start - getattr(self.proposer, "prefill_seconds", 0.0)
-                per_token = drafting / len(self.drafts) / self.costs.step
-                self.draft_cost = COST_MEMORY * self.draft_cost + (1 - COST_MEMORY) * per_token
+            n = len(self.drafts)
+            if self.timed and self.costs.step and n:
+                seconds = time.perf_counter() - start - getattr(self.proposer, "prefill_seconds", 0.0)
+                drafting = seconds / self.costs.step
+                self.draft_rounds[n] = COST_MEMORY * self.drafting(n) + (1 - COST_MEMORY) * drafting
+                self.draft_cost = COST_MEMORY * self.draft_cost + (1 - COST_MEMORY) * drafting / n
                 self.costs.drafts[self.name] = self.draft_cost
-            share.add(len(self.drafts), self.expected, self.draft_cost)
+            share.add(n, self.expected, self.drafting(n))
         return [token] + self.drafts
 
     def _plan(self, context: list[int], room: int, share: Share | None = None) -> int:
@@ -483,12 +490,16 @@ class Speculator:
             reach *= rate
             expected += reach
             value = ((share.tokens - 1 + expected)
-                     / (self.costs.ratio(share.rows + k) + share.drafting + k * self.draft_cost))
+                     / (self.costs.ratio(share.rows + k) + share.drafting + self.drafting(k)))
             if value > best[1]:
                 best = (k, value, expected)
             if reach < NEGLIGIBLE:  # longer drafts add next to nothing but their rows
                 break
         return best
+
+    def drafting(self, k: int) -> float:
+        """A round's time proposing k tokens, in steps: as timed for k, else k drafted tokens'."""
+        return self.draft_rounds.get(k, k * self.draft_cost)
 
     def judge(self, cache, rows: np.ndarray) -> list:
         """The Pieces (or a None at an end of sequence) of the tokens this round makes: the drafts
