@@ -778,8 +778,13 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
         }                                                                                                 \
     }
 
+/* A tile of the rows left (fewer than TILE_ROWS), as a constant the tile unrolls by: within
+ * TILE_ROWS, so that the AVX2 build's (unreachable) calls stay inside its tiles' arrays. */
+#define REST_TILE(rows) ((rows) < TILE_ROWS ? (rows) : TILE_ROWS)
+
 /* NAME_part over TILE: a group at a time in memory order, in tiles of TILE_ROWS activation rows,
- * then (AVX-512) one of 4 and one of the rest. The first tile over a group reads it from memory and
+ * then one tile of the rest (AVX-512: up to 7; a 4-row tile and one of the rest took longer, 5 rows
+ * as 4 + 1 1.2x as long, a 1-row tile the slowest per row). The first tile over a group reads it from memory and
  * prefetches: AHEAD bytes on for up to 4 rows, else the next group; never past the range's last
  * group. off: the rows' offsets, nb·PER_BLOCK a row. */
 #define PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK)                                                                 \
@@ -800,8 +805,13 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
             for (; t + TILE_ROWS <= n; t += TILE_ROWS, pf_bytes = 0)                                      \
                 TILE(wg, nb, x + t * xs, xs, TILE_ROWS, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); \
             if (TILE_ROWS > 4 && n - t >= 4) {                                                            \
-                TILE(wg, nb, x + t * xs, xs, 4, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK);  \
-                t += 4, pf_bytes = 0;                                                                     \
+                switch (n - t) {                                                                          \
+                case 7: TILE(wg, nb, x + t * xs, xs, REST_TILE(7), yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
+                case 6: TILE(wg, nb, x + t * xs, xs, REST_TILE(6), yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
+                case 5: TILE(wg, nb, x + t * xs, xs, REST_TILE(5), yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
+                default: TILE(wg, nb, x + t * xs, xs, REST_TILE(4), yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); \
+                }                                                                                         \
+                t = n;                                                                                    \
             }                                                                                             \
             switch (n - t) {                                                                              \
             case 3: TILE(wg, nb, x + t * xs, xs, 3, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \

@@ -673,7 +673,7 @@ static void check_packed(ctx_t *c, int type) {
     stat_t *s = stat_of(type_name(c, type), "gemm_packed", ks != kr);
     stat_t *sl = stat_of(type_name(c, type), "pack_groups", 0);
     static const int rows_list[] = {1, 7, 8, 9, 24, 37}, cols_list[] = {32, 64, 256, 576, 1536};
-    static const int n_list[] = {1, 2, 3, 4, 5, 8, 12, 15, 17}; /* tiles of 8 and 4 rows and the rest */
+    static const int n_list[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 15, 17}; /* tiles of 8 rows and one of the rest */
     enum { MAX_N = 17, MAX_ROWS = 37, MAX_COLS = 1536, GAP = 3 };
     int vt = c->ref->t[type].vec_dot_type;
     int64_t ldy = MAX_ROWS + GAP;
