@@ -437,7 +437,8 @@ class Speculator:
                 self.draft_rounds[n] = COST_MEMORY * self.drafting(n) + (1 - COST_MEMORY) * drafting
                 self.draft_cost = COST_MEMORY * self.draft_cost + (1 - COST_MEMORY) * drafting / n
                 self.costs.drafts[self.name] = self.draft_cost
-            share.add(n, self.expected, self.drafting(n))
+            if n:
+                share.add(n, self.expected, self.drafting(n))
         return [token] + self.drafts
 
     def _plan(self, context: list[int], room: int, share: Share | None = None) -> int:
