@@ -73,7 +73,8 @@ def tasks() -> dict[str, list[dict]]:
 def timed(llm, ids, max_tokens, settings, rounds):
     """[(completion, best decode tok/s, best end-to-end tok/s, decode tok/s of each round)] for each
     speculative setting, the settings taking turns in each round (in reverse order every other round)
-    so that a change in the machine's load hits them alike."""
+    so that a change in the machine's load hits them alike. ids: one prompt, or a list of them run at
+    once (completion is then their list, and decode counts every one's tokens after its first)."""
     best = [[None, 0.0, 0.0, []] for _ in settings]
     for r in range(rounds):
         for result, speculative in (zip(best, settings) if r % 2 == 0 else reversed(list(zip(best, settings)))):
@@ -85,30 +86,10 @@ def timed(llm, ids, max_tokens, settings, rounds):
             start = time.perf_counter()
             out = llm.generate(ids, max_tokens=max_tokens, speculative=speculative)
             total = time.perf_counter() - start
-            n = len(out.token_ids)
-            decode = (n - 1) / max(total - first, 1e-9)
-            result[:3] = [out, max(result[1], decode), max(result[2], n / total)]
-            result[3].append(decode)
-    return best
-
-
-def timed_together(llm, id_lists, max_tokens, settings, rounds):
-    """timed() for the prompts run at once as one list: [(completions, best decode tok/s, best
-    end-to-end tok/s, decode tok/s of each round)] for each setting."""
-    best = [[None, 0.0, 0.0, []] for _ in settings]
-    for r in range(rounds):
-        for result, speculative in (zip(best, settings) if r % 2 == 0 else reversed(list(zip(best, settings)))):
-            llm.reset()
-            start = time.perf_counter()
-            llm.generate(id_lists, max_tokens=1, speculative="off")
-            first = time.perf_counter() - start
-            llm.reset()
-            start = time.perf_counter()
-            outs = llm.generate(id_lists, max_tokens=max_tokens, speculative=speculative)
-            total = time.perf_counter() - start
-            n = sum(len(out.token_ids) for out in outs)
+            outs = out if isinstance(out, list) else [out]
+            n = sum(len(o.token_ids) for o in outs)
             decode = (n - len(outs)) / max(total - first, 1e-9)
-            result[:3] = [outs, max(result[1], decode), max(result[2], n / total)]
+            result[:3] = [out, max(result[1], decode), max(result[2], n / total)]
             result[3].append(decode)
     return best
 
@@ -179,8 +160,7 @@ def main() -> None:
         if args.together:
             id_lists = list(chosen.values())
             name, n_prompt = " + ".join(chosen) + " at once", "+".join(str(len(ids)) for ids in id_lists)
-            (plain, decode0, total0, plain_rounds), *runs = timed_together(llm, id_lists, args.max_tokens, settings,
-                                                                           args.rounds)
+            (plain, decode0, total0, plain_rounds), *runs = timed(llm, id_lists, args.max_tokens, settings, args.rounds)
             n = sum(len(out.token_ids) for out in plain)
             row(os.path.basename(source), name, n_prompt, "plain", n, n - len(plain), "", decode0, total0, 1.0)
             for proposer, (outs, decode, total, each) in zip(proposers, runs):

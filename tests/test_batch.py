@@ -14,18 +14,27 @@ from families import convert_to_gguf
 from pyllm import _core
 
 
+def _one_token_steps(llm, prompts, feeds):
+    """For each prompt, the logits (steps, vocab) of its feed's tokens run one a call after it."""
+    solo = []
+    for seq, feed in zip(_prefilled(llm, prompts), feeds):
+        solo.append(np.stack([seq.forward([t]) for t in feed]))
+    return solo
+
+
+def _prefilled(llm, prompts):
+    seqs = [_core.CoreSequence(llm._core, 64) for _ in prompts]
+    for seq, prompt in zip(seqs, prompts):
+        seq.forward(prompt)
+    return seqs
+
+
 def _solo_and_batched(llm, prompts, steps, seed=0):
     """(logits of each sequence's solo steps, the same steps batched), feeding random tokens."""
     rng = np.random.default_rng(seed)
     feeds = [list(rng.integers(3, llm.vocab_size, steps)) for _ in prompts]
-    solo = []
-    for prompt, feed in zip(prompts, feeds):
-        seq = _core.CoreSequence(llm._core, 64)
-        seq.forward(prompt)
-        solo.append([seq.forward([t]) for t in feed])
-    seqs = [_core.CoreSequence(llm._core, 64) for _ in prompts]
-    for seq, prompt in zip(seqs, prompts):
-        seq.forward(prompt)
+    solo = _one_token_steps(llm, prompts, feeds)
+    seqs = _prefilled(llm, prompts)
     work = _core.CoreSequence(llm._core, 64, n_batch=len(prompts))
     batched = [[] for _ in prompts]
     for step in range(steps):
@@ -45,7 +54,7 @@ def test_a_batched_step_is_each_sequence_s_own_step(family_checkpoint, family):
     prompts = [list(rng.integers(3, llm.vocab_size, n)) for n in (1, 23, 9)]
     solo, batched = _solo_and_batched(llm, prompts, 12)
     for a, b in zip(solo, batched):
-        np.testing.assert_array_equal(np.stack(a), np.stack(b))
+        np.testing.assert_array_equal(a, np.stack(b))
 
 
 def test_quantized_weights_too(family_checkpoint, tmp_path):
@@ -55,7 +64,7 @@ def test_quantized_weights_too(family_checkpoint, tmp_path):
     prompts = [[5, 6, 7], list(range(10, 40)), [9] * 17]
     solo, batched = _solo_and_batched(llm, prompts, 8)
     for a, b in zip(solo, batched):
-        np.testing.assert_array_equal(np.stack(a), np.stack(b))
+        np.testing.assert_array_equal(a, np.stack(b))
 
 
 def test_bad_batches_are_refused(family_checkpoint):
@@ -101,14 +110,8 @@ def test_several_tokens_of_several_sequences_in_one_step_are_each_token_s_own_st
     prompts = [list(rng.integers(3, llm.vocab_size, n)) for n in (5, 19, 1)]
     rounds = [[3, 1, 6], [1, 9, 2], [4, 4, 1]]  # tokens per sequence in each call
     feeds = [list(rng.integers(3, llm.vocab_size, sum(r[b] for r in rounds))) for b in range(len(prompts))]
-    solo = []
-    for prompt, feed in zip(prompts, feeds):
-        seq = _core.CoreSequence(llm._core, 64)
-        seq.forward(prompt)
-        solo.append(np.stack([seq.forward([t]) for t in feed]))
-    seqs = [_core.CoreSequence(llm._core, 64) for _ in prompts]
-    for seq, prompt in zip(seqs, prompts):
-        seq.forward(prompt)
+    solo = _one_token_steps(llm, prompts, feeds)
+    seqs = _prefilled(llm, prompts)
     work = _core.CoreSequence(llm._core, 64, n_batch=16)
     batched, done = [[] for _ in prompts], [0] * len(prompts)
     for counts in rounds:
