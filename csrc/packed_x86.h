@@ -783,10 +783,10 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
 #define REST_TILE(rows) ((rows) < TILE_ROWS ? (rows) : TILE_ROWS)
 
 /* NAME_part over TILE: a group at a time in memory order, in tiles of TILE_ROWS activation rows,
- * then one tile of the rest (AVX-512: up to 7; a 4-row tile and one of the rest took longer, 5 rows
- * as 4 + 1 1.2x as long, a 1-row tile the slowest per row). The first tile over a group reads it from memory and
- * prefetches: AHEAD bytes on for up to 4 rows, else the next group; never past the range's last
- * group. off: the rows' offsets, nb·PER_BLOCK a row. */
+ * then one tile of the rest (AVX-512: up to 7 rows; as a tile of 4 and one of what was left, 5 rows
+ * took 1.2x as long: a 1-row tile is the slowest per row). The first tile over a group reads it from
+ * memory and prefetches: AHEAD bytes on for up to 4 rows, else the next group; never past the range's
+ * last group. off: the rows' offsets, nb·PER_BLOCK a row. */
 #define PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK)                                                                 \
     PX_TARGET static void PX_NAME(NAME##_part)(const void *packed, int64_t nb, int64_t g0, int64_t g1,       \
                                                int64_t row_end, const char *x, int64_t xs, int n, float *y,   \
