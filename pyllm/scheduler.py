@@ -9,7 +9,7 @@ Each step (Engine.step):
   4. the batch runs as one forward pass (pl_forward_batch: each weight read once for all rows); a
      job that speculates (pyllm.speculative) runs a round in it: its token and the ones proposed
      after it, each job's proposal weighed against the rows of the whole call (speculative.Share),
-     the tokens it takes emitted at once (a job alone runs its round as a call of its own);
+     the tokens it takes emitted at once;
   5. prefill chunks run, oldest job first, up to PREFILL_CHUNK positions in all (the first chunk
      always): a long prompt costs the others one chunk's delay per step instead of its whole
      prefill, and a burst of short prompts is in after one step, so their batch forms at once;
@@ -88,12 +88,6 @@ class Job:
     @property
     def prefilling(self) -> bool:
         return self.cache is not None and self.logits is None and not self.chosen
-
-    def speculate(self, pool) -> bool:
-        """A speculative round from next_token: emits the tokens it makes; whether the job goes on
-        (next_token then the last of them, chosen)."""
-        rows = self.speculator.round(pool, self.cache, self.next_token)
-        return self.take(self.speculator.judge(self.cache, rows))
 
     def take(self, pieces: list) -> bool:
         """Emits the tokens a speculative round made (speculator.judge's pieces); whether the job
@@ -240,10 +234,7 @@ class Engine:
             self._admit()
             self._reclaim_taken_caches()
             batch = [j for j in list(self.running) if j.chosen or (j.logits is not None and self._choose(j))]
-            if len(batch) == 1 and batch[0].speculator is not None:
-                self._speculate(batch[0])
-            else:
-                self._decode(batch)
+            self._decode(batch)
             self._prefill_chunks()
             self._embed_chunk()
 
@@ -303,17 +294,6 @@ class Engine:
             return False
         job.next_token = token
         return True
-
-    def _speculate(self, job: Job) -> None:
-        """A job decoding alone runs its round as a call of its own (its rows through pl_forward)."""
-        try:
-            going = job.speculate(self.pool)
-        except Exception as e:  # noqa: BLE001
-            self._fail(job, e)
-            return
-        job.logits = None
-        if not going:
-            self._leave(job)
 
     def _decode(self, batch: list[Job]) -> None:
         for job in [j for j in batch if j.forced]:  # several tokens: a call of their own, as solo
