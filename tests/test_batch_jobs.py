@@ -244,8 +244,10 @@ def map_workers() -> list[psutil.Process]:
 
 
 def test_on_ray_the_same_200_results_with_an_actor_killed_mid_run(tiny_folder, job, ray_cluster, tmp_path):
-    """Two actors of one CPU each; one is killed a third of the way in: Ray starts another and runs
-    its batches again, and the file still holds each result once."""
+    """Two actors of one CPU each; one is killed a third of the way in: the job still ends well and
+    the file holds each result once. Whatever batch the killed actor held runs again, on the actor
+    Ray starts in its place; where it held none, the other actor may finish the job before Ray's
+    replacement shows (a race that failed this test when it also asked for the replacement)."""
     out = tmp_path / "results.jsonl"
     proc = run_batch(job[0], str(out), "--model", tiny_folder, "--parallel", "4", "--ray", ray_cluster,
                      "--actors", "2", "--cpus-per-actor", "1")
@@ -254,11 +256,7 @@ def test_on_ray_the_same_200_results_with_an_actor_killed_mid_run(tiny_folder, j
     workers = map_workers()
     assert proc.poll() is None and len(workers) == 2
     workers[0].send_signal(signal.SIGKILL)
-    replaced = False
-    while proc.poll() is None and not replaced:
-        replaced = any(p.pid not in {w.pid for w in workers} for p in map_workers())
-        time.sleep(0.05)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    assert replaced and not workers[0].is_running()
+    assert not workers[0].is_running()
     assert_results_are_the_servers(read_results(str(out)), job)
