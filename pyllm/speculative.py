@@ -41,7 +41,12 @@ the odds learned meanwhile; a proposer whose odds learn only from its proposals 
 that doubles each time a probe after the wait still does not pay. Such a proposer's first rounds in a
 new generation trust it (longer drafts each round) until it misses once. A proposer whose drafts
 cost as much as the steps they would save (a self-draft of most layers, a draft model as large as
-the target) gets one trusted round, then passes up LONGEST_PAUSE chances at a time.
+the target) gets one trusted round, then passes up LONGEST_PAUSE chances at a time. A draft model
+first runs the tokens its cache lacks (the prompt, at a generation's first round): once the draft
+has a record of drafts taken (the model's earlier generations), that catch-up is weighed against
+what its rounds are expected to save over the tokens the generation may still make, and where they
+cannot pay it back the draft is passed up (a long prompt with few tokens to make; jobs decoding
+together, whose plain rows already share each step).
 """
 from __future__ import annotations
 
@@ -75,6 +80,7 @@ LOOKUP_PRIORS = (0.3, 0.5, 0.7, 0.85, 0.9)
 FIRST_PAUSE, LONGEST_PAUSE = 16, 512  # chances passed up while a kind of proposal does not pay
 LOOKUP_NGRAMS = (4, 3, 2, 1)  # the n-gram lengths a lookup indexes, longest first
 LONGEST_MATCH = 16  # a lookup's match is measured back this far: its odds are kept by 1, 2-3, 4-7, 8-15, 16
+CATCH_UP = MAX_DRAFT + 1  # a draft's round that first runs more tokens than a round takes is catching up (a prefill)
 
 
 class Speculation:
@@ -175,6 +181,11 @@ class Costs:
         # proposer name -> {k: a round's time drafting k tokens, in steps}: a draft model's round
         # first catches up with the tokens taken since its last one, so it is not k times a token's
         self.draft_rounds: dict[str, dict[int, float]] = {}
+        # proposer name -> a token of its catch-up (a draft model's prefill of what its cache lacks), in steps
+        self.catch_up: dict[str, float] = {}
+        # proposer name -> how often its drafts were taken over the model's generations (a lookup's
+        # are not kept: they are the context's): what a generation expects before its first round
+        self.taken: dict[str, Odds] = {}
 
     def ratio(self, rows: int) -> float:
         """The time of a call of rows tokens, in steps."""
@@ -289,18 +300,25 @@ class DraftModel:
         self.held: list[int] = []  # the tokens the draft's cache holds
         self.cost = cost
         self.prefill_seconds = 0.0  # of the last propose(), which the Speculator does not count
+        self.prefilled = 0  # the tokens that prefill ran
         self.single = Odds()
 
     def odds(self, context: list[int]) -> tuple[Odds, int]:
         return self.single, MAX_DRAFT
 
+    def behind(self, context: list[int]) -> int:
+        """The tokens a round must run in the draft before it drafts: what its cache lacks."""
+        return len(context) - min(shared_prefix(self.held, context), len(context) - 1)
+
     def propose(self, context: list[int], k: int, choose) -> tuple[list[int], list]:
-        keep = min(shared_prefix(self.held, context), len(context) - 1)
+        keep = len(context) - self.behind(context)
         self.seq.truncate(keep)
         start = time.perf_counter()
         logits = self.seq.forward(context[keep:])
-        # the prompt's prefill is no drafted token's cost; the tokens taken since the last round are
-        self.prefill_seconds = time.perf_counter() - start if len(context) - keep > MAX_DRAFT + 1 else 0.0
+        # the prompt's prefill is no drafted token's cost (it is the catch-up's); the tokens taken
+        # since the last round are
+        self.prefilled = len(context) - keep if len(context) - keep > CATCH_UP else 0
+        self.prefill_seconds = time.perf_counter() - start if self.prefilled else 0.0
         drafts, qs = [], []
         for i in range(k):
             token, q = choose(logits, drafts)
@@ -325,6 +343,9 @@ class SelfDraft:
 
     def odds(self, context: list[int]) -> tuple[Odds, int]:
         return self.single, MAX_DRAFT
+
+    def behind(self, context: list[int]) -> int:
+        return 0  # it drafts in the generation's own cache, which holds the context
 
     def propose(self, context: list[int], k: int, choose) -> tuple[list[int], list]:
         start = self.seq.pos  # the cache holds every token of the context but the last
@@ -431,8 +452,12 @@ class Speculator:
             start = time.perf_counter()
             self.drafts, self.qs = self.proposer.propose(context, k, self._choose)
             n = len(self.drafts)
+            prefill = getattr(self.proposer, "prefill_seconds", 0.0)
+            if self.timed and self.costs.step and prefill:
+                per_token = prefill / self.costs.step / self.proposer.prefilled
+                self.costs.catch_up[self.name] = COST_MEMORY * self.catch_up_cost() + (1 - COST_MEMORY) * per_token
             if self.timed and self.costs.step and n:
-                seconds = time.perf_counter() - start - getattr(self.proposer, "prefill_seconds", 0.0)
+                seconds = time.perf_counter() - start - prefill
                 drafting = seconds / self.costs.step
                 self.draft_rounds[n] = COST_MEMORY * self.drafting(n) + (1 - COST_MEMORY) * drafting
                 self.draft_cost = COST_MEMORY * self.draft_cost + (1 - COST_MEMORY) * drafting / n
@@ -463,6 +488,13 @@ class Speculator:
                 return k
             odds.passing = FIRST_PAUSE  # its odds keep learning meanwhile: no probe, no longer pause
             return 0
+        # a catch-up is weighed once the proposer has a record of drafts taken (before it, as in its
+        # trusted rounds, it is given its chance); at a generation's first round, by that record
+        record, behind = self.costs.taken.get(self.name), self.proposer.behind(context)
+        if record and behind > CATCH_UP:
+            if not self._pays_back(behind, odds.rate if self.rounds else record.rate, most, share):
+                odds.passing = LONGEST_PAUSE  # the catch-up only grows with the context
+                return 0
         hopeless = self._best(repeat(1.0), MAX_DRAFT, Share())[1] < 1  # not even drafts always taken would pay
         if not self.missed and self.rounds < (1 if hopeless else TRUSTED_ROUNDS):
             start = START_DRAFT if self.draft_cost < CHEAP_DRAFT else 1
@@ -497,6 +529,23 @@ class Speculator:
             if reach < NEGLIGIBLE:  # longer drafts add next to nothing but their rows
                 break
         return best
+
+    def _pays_back(self, behind: int, rate: float, most: int, share: Share) -> bool:
+        """Whether rounds of drafts taken at rate save more than a catch-up of behind tokens costs over
+        the tokens the generation may still make: a round's drafts make tokens that would otherwise
+        cost a step's share of the plain call each, and add their rows and drafting to it."""
+        k, _, expected = self._best(repeat(rate), most, share)
+        plain = share.tokens / (self.costs.ratio(share.rows) + share.drafting)
+        added = self.costs.ratio(share.rows + k) - self.costs.ratio(share.rows) + self.drafting(k)
+        saved = (expected - 1) / plain - added  # steps a round saves
+        left = self.gen.max_tokens - len(self.gen.generated)
+        return behind * self.catch_up_cost() <= max(saved, 0.0) * left / expected
+
+    def catch_up_cost(self) -> float:
+        """A token of the proposer's catch-up, in steps: as timed, else its drafted token's share of the
+        bytes a step reads times what a verified row adds to a step (a prefill's token is compute,
+        like a row)."""
+        return self.costs.catch_up.get(self.name, self.proposer.cost * self.costs.row)
 
     def drafting(self, k: int) -> float:
         """A round's time proposing k tokens, in steps: as timed for k, else k drafted tokens'."""
@@ -558,6 +607,7 @@ class Speculator:
         self.missed = self.missed or taken < proposed
         if not self.lookup:  # a lookup's odds learn from the context (PromptLookup.odds)
             self.odds.record(proposed, taken)
+            self.costs.taken.setdefault(self.name, Odds()).record(proposed, taken)
 
 
 def lookup_rounds(prompt: list[int], output: list[int], costs: Costs, made: int = 1) -> list[tuple[int, int]]:

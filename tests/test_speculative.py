@@ -13,6 +13,8 @@ from pyllm.generation import Generation
 from pyllm.sampling import SamplingParams
 
 PROMPT = "the cat sat on the mat and the dog sat on the log. the cat sat on the mat and the dog"
+# fewer tokens than a round runs: a draft model's first round does not catch up with a prompt
+SHORT_PROMPT = "the cat sat on the mat"
 
 
 def _same_run(plain, fast):
@@ -44,9 +46,11 @@ def other_draft(checkpoint):
 @pytest.mark.parametrize("family", ["llama", pytest.param("qwen2", marks=pytest.mark.slow), "gemma3", "gpt2"])
 def test_greedy_speculation_gives_the_plain_tokens_logprobs_and_text_with_every_proposer(tiny, other_draft, family):
     target, same = tiny(family)
-    # a draft as large as the target costs a step per token and is dropped after a round: taken as
-    # free here, it shows that a draft that is always right is used in full
-    speculative.costs_of(target).drafts[target.speculation(same).name] = 0.0
+    # a draft as large as the target costs a step per token and is dropped after a round, and its
+    # catch-up with the prompt is not paid back in 24 tokens: taken as free here, it shows that a
+    # draft that is always right is used in full
+    name = target.speculation(same).name
+    speculative.costs_of(target).drafts[name] = speculative.costs_of(target).catch_up[name] = 0.0
     plain = target.generate(PROMPT, max_tokens=24, logprobs=3, speculative="off")
     drafts = [other_draft] if family == "llama" else []
     for proposer in ["lookup", f"self:{target.spec.n_layers - 1}", "self:1", same, *drafts]:
@@ -93,6 +97,9 @@ class _Never:
     def odds(self, context):
         return self.single, speculative.MAX_DRAFT
 
+    def behind(self, context):
+        return 0
+
     def propose(self, context, k, choose):
         return [self.token] * k, [None] * k
 
@@ -111,8 +118,11 @@ def test_a_proposer_that_is_never_right_changes_nothing(tiny):
     assert fast.usage["speculative"]["proposed"] > 0 and fast.usage["speculative"]["accepted"] == 0
 
 
-def test_stream_chat_and_generate_over_a_list_speculate_too(tiny):
+def test_stream_chat_and_generate_over_a_list_speculate_too(tiny, monkeypatch):
     target, same = tiny("llama")
+    # an always-right draft, taken as free whatever it is timed at (as below)
+    monkeypatch.setattr(speculative.Speculator, "drafting", lambda self, k: 0.0)
+    monkeypatch.setattr(speculative.Speculator, "catch_up_cost", lambda self: 0.0)
     plain = target.generate(PROMPT, max_tokens=20)
     stream = target.stream(PROMPT, max_tokens=20, speculative=same)
     assert "".join(stream) == plain.text and stream.usage["speculative"]["accepted"] > 0
@@ -133,10 +143,11 @@ def test_jobs_batched_together_speculate_in_one_call_and_each_gets_its_plain_tok
     """Generate over a list: the jobs decode together and every one runs its rounds in the same call
     as the others' rows (pl_forward_batch, several tokens a sequence); each gets the tokens,
     logprobs and text it gets alone. A draft that is always right (the target itself, its drafting
-    taken as free whatever it is timed at) shows that rounds ran while the jobs were batched: far
-    fewer calls than tokens."""
+    and its catch-up with each prompt taken as free whatever they are timed at) shows that rounds ran
+    while the jobs were batched: far fewer calls than tokens."""
     target, same = tiny(family)
     monkeypatch.setattr(speculative.Speculator, "drafting", lambda self, k: 0.0)
+    monkeypatch.setattr(speculative.Speculator, "catch_up_cost", lambda self: 0.0)
     speculative.costs_of(target).drafts[target.speculation(same).name] = 0.0
     prompts = [PROMPT, "the dog sat on the log and the cat", "the mat", PROMPT + " sat"]
     plain = [target.generate(p, max_tokens=24, logprobs=2) for p in prompts]
@@ -205,7 +216,7 @@ def test_a_model_loaded_with_a_speculative_setting_uses_it(checkpoint):
     folder = checkpoint("llama")
     llm = pyllm.load(folder, threads=2, speculative=f"draft:{folder}")
     assert llm.speculative.name == f"draft:{folder}"
-    out = llm.generate(PROMPT, max_tokens=12)
+    out = llm.generate(SHORT_PROMPT, max_tokens=12)  # shorter than a round: no catch-up to weigh
     assert out.usage["speculative"]["accepted"] == out.usage["speculative"]["proposed"] > 0
     assert "speculative" not in llm.generate(PROMPT, max_tokens=12, speculative="off").usage
     with pytest.raises(ValueError, match="self:N"):
@@ -290,11 +301,11 @@ def test_the_server_speculates_with_its_flag_and_reports_the_counts(tmp_path):
     from server_helpers import ServerProcess, make_tiny_chat_checkpoint, request
 
     folder = make_tiny_chat_checkpoint(str(tmp_path / "chat"))
-    expected = pyllm.load(folder).generate(PROMPT, max_tokens=24)
+    expected = pyllm.load(folder).generate(SHORT_PROMPT, max_tokens=24)
     server = ServerProcess(folder, "--speculative", f"draft:{folder}", "--parallel", "1")  # takes every draft
     try:
         status, body = request(server.url, "POST", "/v1/completions",
-                               {"model": "chat", "prompt": PROMPT, "max_tokens": 24, "temperature": 0})
+                               {"model": "chat", "prompt": SHORT_PROMPT, "max_tokens": 24, "temperature": 0})
     finally:
         server.stop()
     assert status == 200, body
@@ -325,6 +336,64 @@ def test_the_planner_drafts_long_along_a_long_match_and_passes_up_what_cannot_pa
     drafter = speculative.Speculator("self:1", speculative.SelfDraft(1, 0.9), gen, target.vocab_size, costs)
     drafter.missed = True
     assert drafter._plan(context, 100) == 0 and drafter.proposer.single.passing == speculative.LONGEST_PAUSE
+
+
+class _Behind(_Never):
+    """A proposer whose cache lacks the whole context, as a draft model's lacks the prompt before
+    its first round."""
+
+    def behind(self, context):
+        return len(context)
+
+
+def test_a_draft_that_must_catch_up_with_a_long_prompt_is_used_only_where_its_rounds_pay_it_back(tiny):
+    """The planner with costs given: 200 tokens of prompt to run in the draft at 0.05 of a step each
+    (10 steps). Alone, where a row adds 0.1 of a step and a drafted token costs 0.1, a round of 3
+    drafts taken at 0.7 saves ~0.93 of a step for ~2.5 tokens: 8 tokens left do not pay the catch-up
+    back, 100 do. Beside eight rows of other jobs a round of 2 cheaper drafts still pays (the call
+    makes more tokens per step with it) but saves ~0.05 of a step: 100 tokens do not pay it back."""
+    target = tiny("llama")[0]
+    context = list(np.random.default_rng(0).integers(3, 200, 200))
+
+    def planner(left: int, catch_up: float = 0.05, row: float = 0.1, draft: float = 0.1) -> speculative.Speculator:
+        gen = Generation(target, context, SamplingParams(), left, None, None)
+        costs = _costs({n: 1 + row * (n - 1) for n in range(2, 40)})
+        costs.catch_up["behind"], costs.drafts["behind"] = catch_up, draft
+        costs.taken["behind"] = speculative.Odds(0.7)  # its record: drafts taken at 0.7
+        plan = speculative.Speculator("behind", _Behind(7), gen, target.vocab_size, costs)
+        plan.missed = True  # past the trusted rounds: planned from the odds (0.7)
+        return plan
+
+    few = planner(8)
+    assert few._plan(context, 8) == 0 and few.proposer.single.passing == speculative.LONGEST_PAUSE
+    assert planner(100)._plan(context, 16) == 3
+    assert planner(100, catch_up=0.5)._plan(context, 16) == 0  # 100 steps to catch up
+    first = planner(8)
+    del first.costs.taken["behind"]  # no record yet: given its chance, as in its trusted rounds
+    assert first._plan(context, 8) == 3
+    for catch_up, k in [(0.0, 2), (0.05, 0)]:
+        share = speculative.Share(rows=9, tokens=9.0)  # eight other jobs' rows and this one's
+        assert planner(100, catch_up, row=0.05, draft=0.02)._plan(context, 16, share) == k
+
+
+def test_a_draft_model_passed_up_for_its_catch_up_gives_the_plain_tokens(tiny):
+    """A draft as large as the target, its catch-up priced at a step a token, its record drafts taken
+    at 0.7: with 22 tokens of prompt and 12 to make it never runs (no rounds, one call a token); the
+    tokens are the plain ones."""
+    target, same = tiny("llama")
+    name = target.speculation(same).name
+    costs = speculative.costs_of(target)
+    tables = (costs.drafts, costs.catch_up, costs.taken)
+    saved = [table.get(name) for table in tables]
+    costs.drafts[name], costs.catch_up[name], costs.taken[name] = 0.0, 1.0, speculative.Odds(0.7)
+    try:
+        plain = target.generate(PROMPT, max_tokens=12)
+        fast = target.generate(PROMPT, max_tokens=12, speculative=same)
+    finally:
+        for table, value in zip(tables, saved):
+            table.pop(name, None) if value is None else table.__setitem__(name, value)
+    assert fast.token_ids == plain.token_ids
+    assert fast.usage["speculative"]["proposed"] == 0 and fast.usage["speculative"]["steps"] == len(plain.token_ids) - 1
 
 
 # SmolLM2 Q4_1's verifying calls against a step on 2 threads (benchmarks/RESULTS.md), as given costs
