@@ -378,7 +378,7 @@ def test_a_draft_that_must_catch_up_with_a_long_prompt_is_used_only_where_its_ro
 
 def test_a_draft_model_passed_up_for_its_catch_up_gives_the_plain_tokens(tiny):
     """A draft as large as the target, its catch-up priced at a step a token, its record drafts taken
-    at 0.7: with 22 tokens of prompt and 12 to make it never runs (no rounds, one call a token); the
+    at 0.7: with 44 tokens of prompt and 12 to make it never runs (no rounds, one call a token); the
     tokens are the plain ones."""
     target, same = tiny("llama")
     name = target.speculation(same).name
