@@ -288,6 +288,33 @@ def test_the_real_q4_1_file_speculates_exactly(smollm2_gguf):
     assert llm.chat(messages, max_tokens=48, speculative="lookup").usage["speculative"]["accepted"] > 10
 
 
+def test_on_the_real_q4_1_file_a_draft_sits_out_what_its_catch_up_does_not_pay_back(smollm2_gguf, monkeypatch):
+    """The file as its own draft (always right), its drafting taken as free: with its catch-up free
+    it speculates on a long prompt, alone and beside other jobs; once that record is kept and its
+    catch-up priced at a step a token, a long prompt with 16 tokens to make runs no round, alone or in
+    a batch, and every job's tokens are the plain ones."""
+    llm = pyllm.load(smollm2_gguf, threads=2)
+    draft = pyllm.load(smollm2_gguf, threads=2)
+    monkeypatch.setattr(speculative.Speculator, "drafting", lambda self, k: 0.0)
+    price = {"catch_up": 0.0}
+    monkeypatch.setattr(speculative.Speculator, "catch_up_cost", lambda self: price["catch_up"])
+    code = "def area(width, height):\n    \"\"\"The area of a rectangle.\"\"\"\n    return width * height\n"
+    prompts = [llm.render_chat([{"role": "user", "content": f"Rename {name} in this function:\n\n{code}"}])
+               for name in ("width to w", "height to h")]
+    assert all(len(llm.prompt_ids(p)) > speculative.CATCH_UP for p in prompts)
+    plain = [llm.generate(p, max_tokens=16) for p in prompts]
+    used = [llm.generate(prompts[0], max_tokens=16, speculative=draft)] + llm.generate(prompts, max_tokens=16,
+                                                                                        speculative=draft)
+    for alone, fast in zip(plain[:1] + plain, used):
+        assert fast.token_ids == alone.token_ids and fast.usage["speculative"]["accepted"] > 0
+    assert speculative.costs_of(llm).taken[llm.speculation(draft).name].rate > 0.9  # the record
+    price["catch_up"] = 1.0
+    left_out = [llm.generate(prompts[0], max_tokens=16, speculative=draft)] + llm.generate(prompts, max_tokens=16,
+                                                                                            speculative=draft)
+    for alone, fast in zip(plain[:1] + plain, left_out):
+        assert fast.token_ids == alone.token_ids and fast.usage["speculative"]["proposed"] == 0
+
+
 def test_the_real_gemma3_file_speculates_exactly(gemma3_gguf):
     """Five sliding-window layers of 512 positions in six."""
     llm = pyllm.load(gemma3_gguf, threads=2)
