@@ -390,7 +390,7 @@ int pl_forward_layers(const pl_model *m, pl_state *s, pl_pool *pool, const int32
         int blas_chunk = s->mm.sgemm && s->mm.per_thread_blas && n >= PL_BLAS_MIN_TOKENS;
         int blas_threads = blas_chunk ? m->blas.get_threads() : 0;
         if (blas_chunk) m->blas.set_threads(1);
-        pl_pool_run(pool, forward_task, &a);
+        pl_pool_run_n(pool, forward_task, &a, chunk <= PL_DECODE_ROWS ? pl_pool_decode_threads(pool) : pl_pool_size(pool));
         if (blas_chunk) m->blas.set_threads(blas_threads);
         s->pos += chunk;
         done += chunk;
@@ -433,7 +433,7 @@ int pl_forward_batch(const pl_model *m, pl_state *work, pl_state *const *seqs, i
     }
     /* batch 1: every row takes the decode path, so each row's numbers are its solo step's */
     forward_args a = {m, work, pool, tokens, rows, logits, 1, 1, NULL, 0, row_seqs, offsets, rows == 1, 0};
-    pl_pool_run(pool, forward_task, &a);
+    pl_pool_run_n(pool, forward_task, &a, rows <= PL_DECODE_ROWS ? pl_pool_decode_threads(pool) : pl_pool_size(pool));
     for (int b = 0; b < n_seqs; b++) seqs[b]->pos += n_tokens ? n_tokens[b] : 1;
     free(row_seqs);
     free(offsets);

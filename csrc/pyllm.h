@@ -135,6 +135,17 @@ int pl_pool_size(const pl_pool *pool);
 /* Runs fn(arg, ith, n) on every thread of the pool (the caller is thread 0) and returns when all
  * have finished. */
 void pl_pool_run(pl_pool *pool, pl_task_fn fn, void *arg);
+/* The same on the first nth threads (1 to the pool's size; another value: all of them); the others
+ * sleep through it. Every task splits its work by (ith, nth) with the same reduction order
+ * whatever nth is, so the bits do not depend on it. */
+void pl_pool_run_n(pl_pool *pool, pl_task_fn fn, void *arg, int nth);
+/* The threads a forward call of at most PL_DECODE_ROWS rows (a decode step, a speculative round at
+ * its longest, a few jobs' steps together: bound by reading the weights, as one row is) runs on: the
+ * pool's size until set; a value outside [1, size] sets it back to the size.
+ * pyllm.threads.DecodeThreads sets it to the count measured fastest for one row. */
+#define PL_DECODE_ROWS 17
+void pl_pool_set_decode_threads(pl_pool *pool, int nth);
+int pl_pool_decode_threads(const pl_pool *pool);
 /* Inside a task: wait until every thread of the pool reaches this point. */
 void pl_barrier(pl_pool *pool);
 /* Work dealt from ranges of the threads' own, one piece of dealt work between two barriers: thread t

@@ -3,6 +3,11 @@
  * A forward pass is one pool_run: every thread walks the same layer loop and meets the others at a
  * barrier between steps. Waiting threads spin briefly (a decode step's phases are microseconds
  * apart), then sleep on a condition variable so they leave the cores to BLAS during prefill.
+ *
+ * A run may take part of the pool (pl_pool_run_n: a decode step, whose fastest thread count can be
+ * below the machine's): the threads past its count sit it out asleep, parked until a run wants
+ * them, so they neither join its barriers nor spin beside it. The words every barrier touches lie
+ * on cache lines of their own: arrivals count on one line while the waiters read another.
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -60,21 +65,33 @@ typedef struct {
     char pad[64 - sizeof(atomic_llong)];
 } claim_line;
 
+#define LINE_ALIGNED _Alignas(64)
+
+/* A run's ticket: its number above, its thread count in the low TICKET_BITS, one word so that a
+ * worker reads the pair a run was started with. */
+#define TICKET_BITS 16
+#define TICKET_COUNT(t) ((int)((t) & ((1LL << TICKET_BITS) - 1)))
+
 struct pl_pool {
     int n_threads;
+    int active;          /* the threads of the current run (its ticket's count) */
+    int decode;          /* the threads of a decode call (pl_pool_set_decode_threads) */
     pl_thread *threads;  /* (n_threads - 1) workers; the caller is thread 0 */
     worker_arg *args;    /* (n_threads - 1) */
     pl_task_fn fn;
     void *arg;
-    atomic_int job;      /* bumped once per pool_run */
     atomic_int stop;
-    atomic_int arrived;  /* threads at the current barrier */
-    atomic_int phase;    /* bumped when a barrier opens */
     atomic_int sleepers; /* threads blocked on wake */
+    atomic_int roster;   /* the thread count of the latest run: a parked thread below it rejoins */
     claim_line *claims;  /* 2 × n_threads, a cache line each: slot phase & 1's (pl_pool_claim) */
     void *claims_block;  /* what was allocated for them */
     pl_mutex lock;
-    pl_cond wake;
+    pl_cond wake;        /* a new ticket, or a barrier opened */
+    pl_cond rejoin;      /* the roster grew */
+    LINE_ALIGNED atomic_llong ticket; /* the current run's (bumped once per pool_run) */
+    LINE_ALIGNED atomic_int arrived;  /* threads at the current barrier */
+    LINE_ALIGNED atomic_int phase;    /* bumped when a barrier opens */
+    char pad[64 - sizeof(atomic_int)];
 };
 
 /* The claims on one thread's range in a dealt phase: items taken from its front (the low 32 bits)
@@ -105,6 +122,28 @@ static void wait_change(pl_pool *p, atomic_int *word, int old) {
     mutex_unlock(&p->lock);
 }
 
+/* Waits for a ticket other than old; returns it. */
+static long long wait_ticket(pl_pool *p, long long old) {
+    long long t;
+    for (int i = 0; i < SPIN_ITERATIONS; i++) {
+        if ((t = atomic_load_explicit(&p->ticket, memory_order_acquire)) != old) return t;
+        cpu_relax();
+    }
+    mutex_lock(&p->lock);
+    atomic_fetch_add(&p->sleepers, 1);
+    while ((t = atomic_load(&p->ticket)) == old) cond_wait(&p->wake, &p->lock);
+    atomic_fetch_sub(&p->sleepers, 1);
+    mutex_unlock(&p->lock);
+    return t;
+}
+
+/* Thread ith sleeps until a run wants it (or the pool stops). */
+static void park(pl_pool *p, int ith) {
+    mutex_lock(&p->lock);
+    while (atomic_load(&p->roster) <= ith && !atomic_load(&p->stop)) cond_wait(&p->rejoin, &p->lock);
+    mutex_unlock(&p->lock);
+}
+
 static void notify(pl_pool *p) {
     if (atomic_load(&p->sleepers) == 0) return;
     mutex_lock(&p->lock);
@@ -116,13 +155,15 @@ static void notify(pl_pool *p) {
  * barrier, so P's claims are reset here for P + 2 (P + 1 claims in the other slot, reset when P
  * opened): a dealt matmul needs no barrier of its own before its first claim. */
 void pl_barrier(pl_pool *p) {
+    /* read before arriving: once the last thread arrives, the caller may start a run of another count */
+    const int nth = p->active;
     int phase = atomic_load(&p->phase);
-    if (p->n_threads == 1) {
+    if (nth == 1) {
         reset_claims(p, phase & 1);
         atomic_fetch_add_explicit(&p->phase, 1, memory_order_relaxed);
         return;
     }
-    if (atomic_fetch_add(&p->arrived, 1) == p->n_threads - 1) {
+    if (atomic_fetch_add(&p->arrived, 1) == nth - 1) {
         atomic_store(&p->arrived, 0);
         reset_claims(p, phase & 1); /* published by the phase */
         atomic_fetch_add(&p->phase, 1);
@@ -140,12 +181,17 @@ static void *worker_main(void *raw)
 {
     worker_arg *w = raw;
     pl_pool *p = w->pool;
-    int seen = 0;
+    long long seen = 0;
     for (;;) {
-        wait_change(p, &p->job, seen);
-        seen = atomic_load(&p->job);
+        seen = wait_ticket(p, seen);
         if (atomic_load(&p->stop)) break;
-        p->fn(p->arg, w->ith, p->n_threads);
+        const int nth = TICKET_COUNT(seen);
+        if (w->ith >= nth) { /* not in this run: fn and arg may already be the next one's */
+            park(p, w->ith);
+            continue;
+        }
+        /* a run this thread takes part in cannot end, nor fn and arg change, before it arrives */
+        p->fn(p->arg, w->ith, nth);
         pl_barrier(p);
     }
     return 0;
@@ -155,7 +201,8 @@ pl_pool *pl_pool_create(int n_threads) {
     if (n_threads < 1) n_threads = 1;
     pl_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
-    p->n_threads = n_threads;
+    p->n_threads = p->active = p->decode = n_threads;
+    atomic_store(&p->roster, n_threads);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
     p->args = calloc((size_t)n_threads, sizeof *p->args);
     /* the claims on lines of their own: an owner claims its range often, a thief rarely */
@@ -170,6 +217,7 @@ pl_pool *pl_pool_create(int n_threads) {
     p->claims = (claim_line *)(((uintptr_t)p->claims_block + 63) / 64 * 64);
     mutex_init(&p->lock);
     cond_init(&p->wake);
+    cond_init(&p->rejoin);
     for (int i = 1; i < n_threads; i++) {
         p->args[i - 1] = (worker_arg){p, i};
 #ifdef _WIN32
@@ -179,7 +227,8 @@ pl_pool *pl_pool_create(int n_threads) {
         int failed = pthread_create(&p->threads[i - 1], NULL, worker_main, &p->args[i - 1]) != 0;
 #endif
         if (failed) { /* run with the threads we got */
-            p->n_threads = i;
+            p->n_threads = p->active = p->decode = i;
+            atomic_store(&p->roster, i);
             break;
         }
     }
@@ -189,9 +238,10 @@ pl_pool *pl_pool_create(int n_threads) {
 void pl_pool_free(pl_pool *p) {
     if (!p) return;
     atomic_store(&p->stop, 1);
-    atomic_fetch_add(&p->job, 1);
+    atomic_fetch_add(&p->ticket, 1LL << TICKET_BITS);
     mutex_lock(&p->lock);
     cond_broadcast(&p->wake);
+    cond_broadcast(&p->rejoin);
     mutex_unlock(&p->lock);
     for (int i = 1; i < p->n_threads; i++) {
 #ifdef _WIN32
@@ -202,6 +252,7 @@ void pl_pool_free(pl_pool *p) {
 #endif
     }
     cond_destroy(&p->wake);
+    cond_destroy(&p->rejoin);
     mutex_destroy(&p->lock);
     free(p->threads);
     free(p->args);
@@ -210,6 +261,10 @@ void pl_pool_free(pl_pool *p) {
 }
 
 int pl_pool_size(const pl_pool *p) { return p->n_threads; }
+
+void pl_pool_set_decode_threads(pl_pool *p, int nth) { p->decode = nth >= 1 && nth <= p->n_threads ? nth : p->n_threads; }
+
+int pl_pool_decode_threads(const pl_pool *p) { return p->decode; }
 
 int64_t pl_pool_claim(pl_pool *p, int owner, int64_t size, int64_t least, int from_back, int64_t *first) {
     /* The phase cannot move while this thread is between barriers. */
@@ -220,7 +275,7 @@ int64_t pl_pool_claim(pl_pool *p, int owner, int64_t size, int64_t least, int fr
         const int64_t front = seen & CLAIM_MASK, back = (int64_t)((unsigned long long)seen >> CLAIM_BITS);
         const int64_t left = size - front - back;
         if (left <= 0) return 0;
-        int64_t take = p->n_threads == 1 ? left : (left + 1) / 2;
+        int64_t take = p->active == 1 ? left : (left + 1) / 2;
         if (take < least) take = least;
         if (take > left) take = left;
         long long next = from_back ? seen + (long long)((unsigned long long)take << CLAIM_BITS) : seen + take;
@@ -232,16 +287,29 @@ int64_t pl_pool_claim(pl_pool *p, int owner, int64_t size, int64_t least, int fr
     }
 }
 
-void pl_pool_run(pl_pool *p, pl_task_fn fn, void *arg) {
-    if (p->n_threads == 1) {
+void pl_pool_run(pl_pool *p, pl_task_fn fn, void *arg) { pl_pool_run_n(p, fn, arg, p->n_threads); }
+
+void pl_pool_run_n(pl_pool *p, pl_task_fn fn, void *arg, int nth) {
+    if (nth < 1 || nth > p->n_threads) nth = p->n_threads;
+    p->active = nth; /* the workers read it after the ticket, the barrier after their fn */
+    if (nth == 1) {  /* the workers wait on the ticket as they were, for a run that wants them */
         fn(arg, 0, 1);
         pl_barrier(p); /* the next run's takes start afresh */
         return;
     }
     p->fn = fn;
     p->arg = arg;
-    atomic_fetch_add(&p->job, 1);
+    if (nth > atomic_load(&p->roster)) { /* wake the parked threads this run wants */
+        mutex_lock(&p->lock);
+        atomic_store(&p->roster, nth);
+        cond_broadcast(&p->rejoin);
+        mutex_unlock(&p->lock);
+    } else {
+        atomic_store(&p->roster, nth);
+    }
+    long long next = ((atomic_load(&p->ticket) >> TICKET_BITS) + 1) << TICKET_BITS | nth;
+    atomic_store(&p->ticket, next);
     notify(p);
-    fn(arg, 0, p->n_threads);
+    fn(arg, 0, nth);
     pl_barrier(p);
 }

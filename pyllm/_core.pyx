@@ -12,8 +12,11 @@ from libc.math cimport INFINITY
 from libc.string cimport memcpy
 
 import threading
+import time
 
 import numpy as np
+
+from pyllm.threads import DecodeThreads
 
 from pyllm._csrc cimport *
 
@@ -240,6 +243,8 @@ cdef class CoreModel:
     cdef bint borrowed_pool  # another model's pool (share_pool), freed by that model
     cdef object keep
     cdef readonly int n_threads
+    cdef readonly object decode_threads  # a DecodeThreads: the threads of its decode calls
+    cdef bint measures_decode  # its one-row calls time decode_threads (not when it follows another model's)
     cdef readonly tuple weight_types  # the types of every matrix, as bound
     cdef readonly frozenset slot_names  # the slots present in some layer or the model ("bq", "pos_embd", ...)
     cdef readonly str kv_dtype  # the cache type of its sequences unless they name one
@@ -307,6 +312,8 @@ cdef class CoreModel:
         if self.pool == NULL:
             raise MemoryError("could not start threads")
         self.n_threads = pl_pool_size(self.pool)
+        self.decode_threads = DecodeThreads(self.n_threads)
+        self.measures_decode = True
         places = self._reserve_weights([address for address, _ in to_place])
         for (address, release), at in zip(to_place, places):
             self._place(<pl_tensor *><uintptr_t>address, at, release)
@@ -381,10 +388,22 @@ cdef class CoreModel:
         """kv_dtype if this model's caches can hold it, else a ValueError that says why."""
         return check_kv_dtype(kv_dtype, self.m.head_dim)
 
+    def _decode_step(self, int rows, bint timed=True):
+        """Sets the pool's decode threads to this model's (a shared pool serves two models) before a
+        forward call of rows: (the DecodeThreads to tell the call's time, the count, the start)
+        while it measures a one-row call, else (None, count, 0). Under _forward_lock."""
+        threads = self.decode_threads.next()
+        pl_pool_set_decode_threads(self.pool, threads)
+        if rows != 1 or not timed or not self.measures_decode or self.decode_threads.chosen is not None:
+            return None, threads, 0.0
+        return self.decode_threads, threads, time.perf_counter()
+
     def share_pool(self, CoreModel other):
         """Runs this model on other's thread pool from now on (a draft model beside its target: one
-        set of workers, none spinning while the other model runs). Both must have the same thread
-        count, which sized this model's sequences' buffers; other is kept alive with this one."""
+        set of workers, none spinning while the other model runs), its decode calls on other's
+        decode threads (a draft's steps, timed among the target's, would confuse the measure). Both
+        must have the same thread count, which sized this model's sequences' buffers; other is kept
+        alive with this one."""
         if other.n_threads != self.n_threads:
             raise ValueError(f"a shared pool needs the same thread count: {self.n_threads} here, {other.n_threads} there")
         if other is self or self.pool == other.pool:
@@ -394,6 +413,7 @@ cdef class CoreModel:
                 pl_pool_free(self.pool)
             self.pool = other.pool
             self.borrowed_pool = True
+            self.decode_threads, self.measures_decode = other.decode_threads, False
             self.keep = (self.keep, other)
 
     def __dealloc__(self):
@@ -513,9 +533,12 @@ cdef class CoreSequence:
         cdef float[::1] ov = out.reshape(-1)
         cdef int rc
         with _forward_lock:
+            tuner, threads, start = self.model._decode_step(n)
             with nogil:
                 rc = pl_forward_layers(&self.model.m, self.s, self.model.pool, &tv[0], n, &ov[0], all_logits,
                                        NULL, n_layers)
+            if tuner is not None and rc == 0:
+                tuner.record(threads, time.perf_counter() - start)
         self._check_status(rc, n)
         return out
 
@@ -573,8 +596,11 @@ cdef class CoreSequence:
         cdef float[:, ::1] ov = out
         cdef int rc
         with _forward_lock:
+            tuner, threads, start = self.model._decode_step(out.shape[0])
             with nogil:
                 rc = pl_forward_batch(&self.model.m, self.s, states, n, counts, self.model.pool, tokens, &ov[0, 0])
+            if tuner is not None and rc == 0:
+                tuner.record(threads, time.perf_counter() - start)
         return rc
 
     def head(self, const float[:, ::1] x):
@@ -652,8 +678,9 @@ cdef class CoreSequence:
             raise ValueError("a forward without logits must trace out_norm")
         result = np.empty((n, m.vocab_size), dtype=np.float32) if logits else None
         cdef float *lp = <float *><uintptr_t>result.ctypes.data if logits else NULL
-        cdef int rc
+        cdef int rc = 0
         with _forward_lock:
+            self.model._decode_step(n, timed=False)
             with nogil:
                 rc = pl_forward_traced(m, self.s, self.model.pool, &tv[0], n, lp, 1, &tr)
         self._check_status(rc, n)

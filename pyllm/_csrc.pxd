@@ -67,6 +67,8 @@ cdef extern from "pyllm.h" nogil:
     pl_pool *pl_pool_create(int n_threads)
     void pl_pool_free(pl_pool *pool)
     int pl_pool_size(const pl_pool *pool)
+    void pl_pool_set_decode_threads(pl_pool *pool, int nth)
+    int pl_pool_decode_threads(const pl_pool *pool)
 
     ctypedef void (*pl_sgemm_fn)(char *transa, char *transb, int *m, int *n, int *k, float *alpha,
                                  float *a, int *lda, float *b, int *ldb, float *beta, float *c,

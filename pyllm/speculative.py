@@ -170,9 +170,12 @@ class Costs:
     """What forward calls of one model take, in one-token steps: running averages of the calls
     timed, by row count (the cost is not linear in rows: a few rows may cost what one does where a
     step waits on memory), and for row counts not timed yet the average share of a step each
-    further row adds (before any: ROW_COST); and what each proposer's drafted token takes."""
+    further row adds (before any: ROW_COST); and what each proposer's drafted token takes. threads:
+    the model's DecodeThreads: while it measures, calls take other thread counts from one to the
+    next, and none is timed (a Speculator plans from the fixed costs meanwhile)."""
 
-    def __init__(self):
+    def __init__(self, threads=None):
+        self.threads = threads
         self.step: float | None = None  # seconds
         self.guessed = False  # step was inferred from a call of several rows, none of one row timed yet
         self.row = ROW_COST
@@ -191,7 +194,14 @@ class Costs:
         """The time of a call of rows tokens, in steps."""
         return 1.0 if rows == 1 else self.by_rows.get(rows, 1 + self.row * (rows - 1))
 
+    @property
+    def settled(self) -> bool:
+        """Whether calls are timed: not while the decode threads are measured."""
+        return self.threads is None or self.threads.chosen is not None
+
     def record(self, rows: int, seconds: float) -> None:
+        if not self.settled:
+            return
         if rows == 1:
             fresh = self.step is None or self.guessed
             self.step = seconds if fresh else COST_MEMORY * self.step + (1 - COST_MEMORY) * seconds
@@ -210,7 +220,7 @@ _costs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # Model -> it
 
 def costs_of(model) -> Costs:
     if model not in _costs:
-        _costs[model] = Costs()
+        _costs[model] = Costs(model.core.decode_threads)
     return _costs[model]
 
 
@@ -398,18 +408,29 @@ class Speculator:
         self.gen = gen
         self.draft_sampler = Sampler(gen.sampler.params)  # q: the same settings on the draft's logits
         # a seed's tokens must not depend on timings: sampled generations keep the fixed cost model
-        self.timed = costs is not None and gen.sampler.params.greedy
-        self.costs = costs if self.timed else Costs()
+        self.timed_costs = costs if gen.sampler.params.greedy else None
+        self.timed, self.costs = False, None
+        self._plan_costs()
         self.lookup = isinstance(proposer, PromptLookup)
         self.context = list(gen.ids)  # the prompt and the tokens generated, grown in place
-        self.draft_cost = self.costs.drafts.get(name, proposer.cost)  # a drafted token's time, in steps
-        self.draft_rounds = self.costs.draft_rounds.setdefault(name, {})  # a round's drafting time by k
         self.rounds = 0  # rounds that proposed
         self.missed = False  # a draft was turned down
         self.expected = 1.0  # the tokens this round's plan expects it to make
         self.odds: Odds | None = None  # the kind of this round's proposal
         self.proposed = self.accepted = 0
         self.steps = 0  # forward calls of the model while decoding: plain steps and verifying calls
+
+    def _plan_costs(self) -> None:
+        """Plans from the model's timed costs once they can be timed (its decode threads measured:
+        before, its calls take other thread counts from one to the next), else from the fixed cost
+        model."""
+        timed = self.timed_costs is not None and self.timed_costs.settled
+        if self.costs is not None and timed == self.timed:
+            return
+        self.timed = timed
+        self.costs = self.timed_costs if timed else Costs()
+        self.draft_cost = self.costs.drafts.get(self.name, self.proposer.cost)  # a drafted token's time, in steps
+        self.draft_rounds = self.costs.draft_rounds.setdefault(self.name, {})  # a round's drafting time by k
 
     def usage(self) -> dict:
         """What a Completion's usage adds: OpenAI's prediction counts, and the proposer's: tokens
@@ -437,6 +458,7 @@ class Speculator:
         judge(rows)."""
         gen = self.gen
         self.steps += 1
+        self._plan_costs()
         share = share or Share()
         room = min(gen.max_tokens - len(gen.generated),  # the last row would go unused past these
                    gen.n_ctx - cache.seq.pos - 1, cache.seq.exact_rows - 1)

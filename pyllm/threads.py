@@ -1,4 +1,5 @@
-"""How many threads to run: physical cores available to this process, unless the user says.
+"""How many threads to run (physical cores available to this process, unless the user says), and
+which of them a decode step runs on (DecodeThreads).
 
 Hyper-threads share a core's FMA units and its memory bandwidth; a second thread per core only adds
 synchronisation. OMP_NUM_THREADS is honoured as other numeric libraries honour it.
@@ -6,6 +7,7 @@ synchronisation. OMP_NUM_THREADS is honoured as other numeric libraries honour i
 from __future__ import annotations
 
 import os
+import statistics
 
 
 def _available_cpus() -> set[int]:
@@ -54,3 +56,56 @@ def default_threads() -> int:
     if env.isdigit() and int(env) > 0:
         return int(env)
     return physical_cores()
+
+
+DECODE_BLOCK = 4  # consecutive decode steps on one count: the first pays the switch and is not scored
+DECODE_PASSES = 2  # blocks of each count, in turn: a noisy moment hits one block, not a count's every step
+
+
+def decode_candidates(n_threads: int) -> list[int]:
+    """The thread counts a pool of n_threads tries for decode steps, most first: all of them, three
+    quarters, half and a quarter, rounded up (16: 16, 12, 8, 4; 2: 2, 1)."""
+    n = max(1, n_threads)
+    return sorted({n, -(-3 * n // 4), -(-n // 2), -(-n // 4)}, reverse=True)
+
+
+class DecodeThreads:
+    """The threads a model's decode calls (a step of one row, a speculative round, a few jobs' rows:
+    csrc/pyllm.h's PL_DECODE_ROWS) run on: of its pool's n, the count measured fastest. A decode
+    step reads every weight once; past the cores that saturate the memory bus more threads add
+    only their barriers' cost (a 16-core Xeon decoded SmolLM2 slower at 16 threads than at 8), and
+    prefill, compute-bound, keeps all n. The first one-row steps take the candidate counts in
+    blocks of DECODE_BLOCK, in turn, DECODE_PASSES times (a block's first step, which wakes or
+    parks threads, unscored); the least median decides, once per model. The bits do not depend on
+    the count (every task reduces in the same order whatever the split), only the time. fixed: a
+    count chosen beforehand (tests, benchmarks)."""
+
+    def __init__(self, n_threads: int, fixed: int | None = None):
+        self.candidates = decode_candidates(n_threads)
+        self.chosen: int | None = self.candidates[0] if len(self.candidates) == 1 else None
+        self.times: dict[int, list[float]] = {c: [] for c in self.candidates}
+        # (count, scored) of each step while measuring
+        self._plan = [(c, i > 0) for _ in range(DECODE_PASSES) for c in self.candidates for i in range(DECODE_BLOCK)]
+        self._done = 0
+        if fixed is not None:
+            self.fix(fixed)
+
+    def fix(self, count: int) -> None:
+        """Decode calls run on count threads from now on, measured or not."""
+        if not 1 <= count <= self.candidates[0]:
+            raise ValueError(f"decode threads must be in [1, {self.candidates[0]}], got {count}")
+        self.chosen = count
+
+    def next(self) -> int:
+        """The count the next decode call runs on."""
+        return self.chosen or self._plan[self._done][0]
+
+    def record(self, count: int, seconds: float) -> None:
+        """A one-row decode step on count threads (next()'s) took seconds."""
+        if self.chosen is not None or count != self._plan[self._done][0]:
+            return
+        if self._plan[self._done][1]:
+            self.times[count].append(seconds)
+        self._done += 1
+        if self._done == len(self._plan):
+            self.chosen = min(self.candidates, key=lambda c: (statistics.median(self.times[c]), -c))

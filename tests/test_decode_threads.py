@@ -1,0 +1,121 @@
+"""Decode steps run on the part of the pool measured fastest (pyllm.threads.DecodeThreads): the
+choice follows the timings, and a step gives the same bits on any part of the pool, whatever count
+the calls before it took (csrc/threadpool.c parks the threads a run leaves out)."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import pyllm
+from laptop_gguf import make_q4_k_m
+from pyllm import _core
+from pyllm.threads import DECODE_BLOCK, DECODE_PASSES, DecodeThreads, decode_candidates
+
+
+def test_a_pool_tries_all_its_threads_three_quarters_half_and_a_quarter():
+    assert decode_candidates(1) == [1]
+    assert decode_candidates(2) == [2, 1]
+    assert decode_candidates(3) == [3, 2, 1]
+    assert decode_candidates(4) == [4, 3, 2, 1]
+    assert decode_candidates(8) == [8, 6, 4, 2]
+    assert decode_candidates(16) == [16, 12, 8, 4]
+    assert DecodeThreads(1).chosen == 1  # nothing to choose
+
+
+def _measure(tuner: DecodeThreads, seconds_of) -> list[int]:
+    """Runs tuner to its choice with step times seconds_of(count, i); the counts it asked for."""
+    asked = []
+    for i in itertools.count():
+        if tuner.chosen is not None:
+            return asked
+        count = tuner.next()
+        asked.append(count)
+        tuner.record(count, seconds_of(count, i))
+
+
+def test_the_counts_take_turns_in_blocks_whose_first_step_is_not_scored_and_the_least_median_wins():
+    tuner = DecodeThreads(16)
+    fast = {16: 3.0, 12: 2.5, 8: 2.0, 4: 4.0}
+    # each block's first step slow (it wakes or parks threads), and one scored step of 8 threads too
+    asked = _measure(tuner, lambda c, i: 50.0 if i % DECODE_BLOCK == 0 or i == 9 else fast[c])
+    one_pass = [c for c in (16, 12, 8, 4) for _ in range(DECODE_BLOCK)]
+    assert asked == one_pass * DECODE_PASSES
+    assert all(len(times) == DECODE_PASSES * (DECODE_BLOCK - 1) for times in tuner.times.values())
+    assert max(tuner.times[16]) == 3.0 and max(tuner.times[8]) == 50.0
+    assert tuner.chosen == 8 and tuner.next() == 8
+    tuner.record(8, 100.0)  # once chosen, timings change nothing
+    assert tuner.chosen == 8 and 100.0 not in tuner.times[8]
+
+
+def test_a_tie_keeps_the_most_threads_and_a_fixed_count_is_checked():
+    tuner = DecodeThreads(4)
+    _measure(tuner, lambda c, i: 1.0)
+    assert tuner.chosen == 4
+    assert DecodeThreads(4, fixed=3).next() == 3
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match=r"decode threads must be in \[1, 4\]"):
+            DecodeThreads(4, fixed=bad)
+
+
+@pytest.fixture(scope="module")
+def q4_k_m_file(tmp_path_factory) -> str:
+    return make_q4_k_m(str(tmp_path_factory.mktemp("laptop") / "llama-3.2-1b-2-layers.Q4_K_M.gguf"))
+
+
+@pytest.mark.parametrize("weights", ["q4_k_m", "bf16"])
+def test_decode_steps_on_any_part_of_the_pool_give_the_bits_of_one_thread(weights, q4_k_m_file, checkpoint):
+    """A pool of 4 threads: each decode step on another count (the threads it leaves out parked,
+    then woken by a prefill or a larger count), between prefills and batched calls on all four."""
+    source = q4_k_m_file if weights == "q4_k_m" else checkpoint("llama")
+    one, four = pyllm.load(source, threads=1, n_ctx=64), pyllm.load(source, threads=4, n_ctx=64)
+    ids = [int(i) for i in np.random.default_rng(5).integers(3, min(one.vocab_size, 2048), 40)]
+    mine, theirs = (_core.CoreSequence(m._core, 64) for m in (one, four))
+    np.testing.assert_array_equal(theirs.forward(ids[:6]), mine.forward(ids[:6]))
+    counts = itertools.cycle([1, 4, 3, 2, 2, 1, 3, 4])
+    pos = 6
+    while pos < len(ids):
+        four.core.decode_threads.fix(next(counts))
+        if pos % 7 == 0:  # a prefill chunk: every thread
+            np.testing.assert_array_equal(theirs.forward(ids[pos:pos + 3]), mine.forward(ids[pos:pos + 3]))
+            pos += 3
+            continue
+        np.testing.assert_array_equal(theirs.forward([ids[pos]]), mine.forward([ids[pos]]),
+                                      err_msg=f"position {pos} on {four.core.decode_threads.chosen} threads")
+        pos += 1
+    # a batched call of one row takes the decode count too
+    work = _core.CoreSequence(four._core, 64, n_batch=4)
+    four.core.decode_threads.fix(3)
+    np.testing.assert_array_equal(work.forward_batch([theirs], [ids[0]])[0], mine.forward([ids[0]]))
+
+
+def test_two_models_sharing_a_pool_each_decode_on_their_own_count(checkpoint):
+    folder = checkpoint("llama")
+    alone = pyllm.load(folder, threads=1)
+    target, draft = pyllm.load(folder, threads=3), pyllm.load(folder, threads=3)
+    draft._core.share_pool(target._core)
+    target.core.decode_threads.fix(1)
+    draft.core.decode_threads.fix(3)
+    ids = [int(i) for i in np.random.default_rng(6).integers(3, alone.vocab_size, 12)]
+    seqs = [_core.CoreSequence(m._core, 32) for m in (alone, target, draft)]
+    for s in seqs:
+        s.forward(ids[:4])
+    for token in ids[4:]:
+        want = seqs[0].forward([token])
+        np.testing.assert_array_equal(seqs[1].forward([token]), want)
+        np.testing.assert_array_equal(seqs[2].forward([token]), want)
+
+
+def test_a_model_measures_its_decode_threads_while_it_generates_and_its_tokens_stay_the_same(checkpoint):
+    folder = checkpoint("llama")
+    plain = pyllm.load(folder, threads=1).generate("the cat sat", max_tokens=40, speculative="off")
+    llm = pyllm.load(folder, threads=2)
+    assert llm.core.decode_threads.chosen is None
+    out = llm.generate("the cat sat", max_tokens=40, speculative="off")
+    assert out.token_ids == plain.token_ids
+    tuner = llm.core.decode_threads
+    assert tuner.chosen in (1, 2)
+    scored = DECODE_PASSES * (DECODE_BLOCK - 1)
+    assert {c: len(t) for c, t in tuner.times.items()} == {2: scored, 1: scored}
+    assert all(s > 0 for t in tuner.times.values() for s in t)
