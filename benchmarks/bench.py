@@ -74,6 +74,18 @@ class PyllmEngine:
     def step(self, token: int) -> int:
         return int(self.np.argmax(self.llm._step(token)))
 
+    def settle(self, ids: list[int]) -> str | None:
+        """Decodes after ids until the model has chosen its decode threads (its first 8-32 steps take
+        other thread counts in turn: README), untimed like the other warm-ups; what it chose."""
+        tuner = getattr(self.llm.core, "decode_threads", None)  # None: a build that does not measure
+        if tuner is None:
+            return None
+        start, steps, token = time.perf_counter(), 0, self.prefill(ids)
+        while tuner.chosen is None:
+            token, steps = self.step(token), steps + 1
+        return (f"{tuner.chosen} of {self.llm.core.n_threads} "
+                f"({steps} steps, {time.perf_counter() - start:.2f} s, before the timings)")
+
 
 class TransformersEngine:
     def __init__(self, folder: str, threads: int, dtype: str):
@@ -242,6 +254,8 @@ def run_child(spec: dict) -> dict:
     prefill_lengths = spec.get("prefill_lengths", PREFILL_LENGTHS)
     engine.prefill(ids[:max(prefill_lengths)])
     result = {"load_s": load_s}
+    if hasattr(engine, "settle"):
+        result["decode_threads"] = engine.settle(ids[:DECODE_PROMPT])
     if hasattr(engine, "build"):
         result["build"] = engine.build
     if hasattr(engine, "kv_dtype"):
@@ -396,8 +410,9 @@ def combine(results: list[dict], how: str, columns: list[str]) -> dict:
     pick_min = min if how == "best" else statistics.median
     out = {"load_s": pick_min(r["load_s"] for r in ok), "rss_mb": max(r["rss_mb"] for r in ok),
            "tokens": ok[0]["tokens"]}
-    if "build" in ok[0]:
-        out["build"] = ok[0]["build"]
+    for key in ("build", "decode_threads"):
+        if ok[0].get(key):
+            out[key] = ok[0][key]
     for key in columns:
         out[key] = pick_max(r[key] for r in ok)
     if len(ok) < len(results):
@@ -589,6 +604,7 @@ def render(args, runs, combined, warnings, results, ceiling) -> str:
         checks.append(f"{run['row']} {same}/{len(a)}")
     notes = [f"{row}: {r['note']}" for row, r in combined.items() if "note" in r] + warnings
     notes += [f"{row} build: {r['build']}" for row, r in combined.items() if "build" in r]
+    notes += [f"{row} decode threads: {r['decode_threads']}" for row, r in combined.items() if "decode_threads" in r]
     if checks:
         notes.append(f"greedy tokens after the {args.decode_at[0]}-token prompt that agree with pyllm on "
                      f"the same file before the first difference: " + ", ".join(checks))

@@ -156,14 +156,17 @@ def blas_lines() -> list[str]:
 
 
 def thread_lines() -> list[str]:
-    from .threads import default_threads, physical_cores
+    from .threads import decode_candidates, default_threads, physical_cores
 
     env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     if env.isdigit() and int(env) > 0:
         why = f"OMP_NUM_THREADS={env}"
     else:
         why = f"the physical cores this process may use ({physical_cores()}); OMP_NUM_THREADS sets another"
-    return [f"threads:         {default_threads()} by default: {why}"]
+    n = default_threads()
+    tried = ", ".join(map(str, decode_candidates(n)))
+    return [f"threads:         {n} by default: {why}",
+            f"decode threads:  measured per model over its first decode steps, the fastest of {tried}"]
 
 
 def version_lines() -> list[str]:

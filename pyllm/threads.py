@@ -60,6 +60,7 @@ def default_threads() -> int:
 
 DECODE_BLOCK = 4  # consecutive decode steps on one count: the first pays the switch and is not scored
 DECODE_PASSES = 2  # blocks of each count, in turn: a noisy moment hits one block, not a count's every step
+DECODE_DROP = 1.25  # after a pass, a count this much slower than the best (medians) is tried no more
 
 
 def decode_candidates(n_threads: int) -> list[int]:
@@ -75,20 +76,25 @@ class DecodeThreads:
     step reads every weight once; past the cores that saturate the memory bus more threads add
     only their barriers' cost (a 16-core Xeon decoded SmolLM2 slower at 16 threads than at 8), and
     prefill, compute-bound, keeps all n. The first one-row steps take the candidate counts in
-    blocks of DECODE_BLOCK, in turn, DECODE_PASSES times (a block's first step, which wakes or
-    parks threads, unscored); the least median decides, once per model. The bits do not depend on
-    the count (every task reduces in the same order whatever the split), only the time. fixed: a
-    count chosen beforehand (tests, benchmarks)."""
+    blocks of DECODE_BLOCK, in turn (a block's first step, which wakes or parks threads, unscored),
+    DECODE_PASSES times, a count far behind the best dropped after a pass (where one count is left,
+    as where 1 thread of 2 is far slower, one pass decides); the least median decides, once per
+    model. The bits do not depend on the count (every task reduces in the same order whatever
+    the split), only the time. fixed: a count chosen beforehand (tests, benchmarks)."""
 
     def __init__(self, n_threads: int, fixed: int | None = None):
         self.candidates = decode_candidates(n_threads)
         self.chosen: int | None = self.candidates[0] if len(self.candidates) == 1 else None
         self.times: dict[int, list[float]] = {c: [] for c in self.candidates}
-        # (count, scored) of each step while measuring
-        self._plan = [(c, i > 0) for _ in range(DECODE_PASSES) for c in self.candidates for i in range(DECODE_BLOCK)]
-        self._done = 0
+        self._trying = list(self.candidates)  # the counts still in the running
+        self._passes = 0
+        self._plan: list[tuple[int, bool]] = []  # (count, scored) of the steps left in this pass
+        self._start_pass()
         if fixed is not None:
             self.fix(fixed)
+
+    def _start_pass(self) -> None:
+        self._plan = [(c, i > 0) for c in self._trying for i in range(DECODE_BLOCK)]
 
     def fix(self, count: int) -> None:
         """Decode calls run on count threads from now on, measured or not."""
@@ -98,14 +104,21 @@ class DecodeThreads:
 
     def next(self) -> int:
         """The count the next decode call runs on."""
-        return self.chosen or self._plan[self._done][0]
+        return self.chosen or self._plan[0][0]
 
     def record(self, count: int, seconds: float) -> None:
         """A one-row decode step on count threads (next()'s) took seconds."""
-        if self.chosen is not None or count != self._plan[self._done][0]:
+        if self.chosen is not None or count != self._plan[0][0]:
             return
-        if self._plan[self._done][1]:
+        if self._plan.pop(0)[1]:
             self.times[count].append(seconds)
-        self._done += 1
-        if self._done == len(self._plan):
-            self.chosen = min(self.candidates, key=lambda c: (statistics.median(self.times[c]), -c))
+        if self._plan:
+            return
+        self._passes += 1
+        median = {c: statistics.median(self.times[c]) for c in self._trying}
+        best = min(median.values())
+        self._trying = [c for c in self._trying if median[c] <= DECODE_DROP * best]
+        if self._passes == DECODE_PASSES or len(self._trying) == 1:
+            self.chosen = min(self._trying, key=lambda c: (median[c], -c))
+        else:
+            self._start_pass()

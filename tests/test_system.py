@@ -37,6 +37,7 @@ def test_info_system_describes_the_machine_and_loads_no_model(tmp_path):
     assert lines["kernels"] == f"{', '.join(system.supported_isas())} run here; the best is {best}"
     assert lines["kernels in use"].startswith(f"{best} (the best;")
     assert lines["threads"].startswith("3 by default: OMP_NUM_THREADS=3")
+    assert lines["decode threads"].endswith("the fastest of 3, 2, 1")
     assert "blas" in lines and "cpu" in lines
     if sys.platform.startswith("linux"):
         assert "scipy-openblas" in lines["blas"] and "blas library" in lines
