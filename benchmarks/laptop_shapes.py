@@ -90,7 +90,9 @@ def llama_cpp_source(cache: str) -> str:
                     for p in glob.glob(os.path.join(os.path.expanduser(place), f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"))),
                    None)
     if tarball is None:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        # only this package from source: `--no-binary :all:` builds its build dependencies too (cmake,
+        # 20 minutes on 2 cores) just to read the sdist's metadata
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
                         f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", cache], check=True)
         tarball = os.path.join(cache, f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz")
     with tarfile.open(tarball) as tar:
