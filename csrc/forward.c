@@ -367,6 +367,8 @@ int pl_forward_traced(const pl_model *m, pl_state *s, pl_pool *pool, const int32
     return pl_forward_layers(m, s, pool, tokens, n, logits, all_logits, trace, m->n_layers);
 }
 
+_Static_assert(PL_DECODE_ROWS < PL_BLAS_MIN_TOKENS, "a decode call's bits must not depend on its thread count");
+
 int pl_forward_layers(const pl_model *m, pl_state *s, pl_pool *pool, const int32_t *tokens, int n,
                       float *logits, int all_logits, const pl_trace *trace, int n_layers) {
     if (n_layers < 1 || n_layers > m->n_layers) return PL_ERR_ARGS;

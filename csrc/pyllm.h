@@ -139,11 +139,13 @@ void pl_pool_run(pl_pool *pool, pl_task_fn fn, void *arg);
  * sleep through it. Every task splits its work by (ith, nth) with the same reduction order
  * whatever nth is, so the bits do not depend on it. */
 void pl_pool_run_n(pl_pool *pool, pl_task_fn fn, void *arg, int nth);
-/* The threads a forward call of at most PL_DECODE_ROWS rows (a decode step, a speculative round at
- * its longest, a few jobs' steps together: bound by reading the weights, as one row is) runs on: the
- * pool's size until set; a value outside [1, size] sets it back to the size.
- * pyllm.threads.DecodeThreads sets it to the count measured fastest for one row. */
-#define PL_DECODE_ROWS 17
+/* The threads a forward call of at most PL_DECODE_ROWS rows (a decode step, a speculative round, a
+ * few jobs' steps together: bound by reading the weights, as one row is) runs on: the pool's size
+ * until set; a value outside [1, size] sets it back to the size. pyllm.threads.DecodeThreads sets
+ * it to the count measured fastest for one row. Below sgemm's threshold (kernels.h), where a call's
+ * bits do not depend on the thread count: float weights multiply through sgemm from 16 rows on,
+ * each thread's tiles cut by the count. */
+#define PL_DECODE_ROWS 15
 void pl_pool_set_decode_threads(pl_pool *pool, int nth);
 int pl_pool_decode_threads(const pl_pool *pool);
 /* Inside a task: wait until every thread of the pool reaches this point. */

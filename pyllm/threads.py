@@ -61,6 +61,7 @@ def default_threads() -> int:
 DECODE_BLOCK = 4  # consecutive decode steps on one count: the first pays the switch and is not scored
 DECODE_PASSES = 2  # blocks of each count, in turn: a noisy moment hits one block, not a count's every step
 DECODE_DROP = 1.25  # after a pass, a count this much slower than the best (medians) is tried no more
+DECODE_RECHECK = 1024  # decode calls on a chosen count before the counts are measured again
 
 
 def decode_candidates(n_threads: int) -> list[int]:
@@ -78,32 +79,47 @@ class DecodeThreads:
     prefill, compute-bound, keeps all n. The first one-row steps take the candidate counts in
     blocks of DECODE_BLOCK, in turn (a block's first step, which wakes or parks threads, unscored),
     DECODE_PASSES times, a count far behind the best dropped after a pass (where one count is left,
-    as where 1 thread of 2 is far slower, one pass decides); the least median decides, once per
-    model. The bits do not depend on the count (every task reduces in the same order whatever
-    the split), only the time. fixed: a count chosen beforehand (tests, benchmarks)."""
+    as where 1 thread of 2 is far slower, one pass decides); the least median decides, and is
+    measured again after DECODE_RECHECK decode calls: the machine's other work comes and goes (a
+    model loaded while another process held a core would keep 1 thread of 2 for good). The bits do
+    not depend on the count (every task reduces in the same order whatever the split), only the
+    time. fixed: a count chosen beforehand (tests, benchmarks), never measured."""
 
     def __init__(self, n_threads: int, fixed: int | None = None):
         self.candidates = decode_candidates(n_threads)
-        self.chosen: int | None = self.candidates[0] if len(self.candidates) == 1 else None
-        self.times: dict[int, list[float]] = {c: [] for c in self.candidates}
-        self._trying = list(self.candidates)  # the counts still in the running
-        self._passes = 0
-        self._plan: list[tuple[int, bool]] = []  # (count, scored) of the steps left in this pass
-        self._start_pass()
+        self.measured = 0  # measures completed
+        self._fixed = len(self.candidates) == 1  # nothing to measure
+        self._measure()
+        if self._fixed:
+            self.chosen = self.candidates[0]
         if fixed is not None:
             self.fix(fixed)
 
+    def _measure(self) -> None:
+        """Starts measuring every candidate afresh."""
+        self.chosen: int | None = None
+        self.times: dict[int, list[float]] = {c: [] for c in self.candidates}
+        self._trying = list(self.candidates)  # the counts still in the running
+        self._passes = 0
+        self._since = 0  # decode calls since the choice
+        self._start_pass()
+
     def _start_pass(self) -> None:
-        self._plan = [(c, i > 0) for c in self._trying for i in range(DECODE_BLOCK)]
+        # (count, scored) of the steps left in this pass
+        self._plan: list[tuple[int, bool]] = [(c, i > 0) for c in self._trying for i in range(DECODE_BLOCK)]
 
     def fix(self, count: int) -> None:
-        """Decode calls run on count threads from now on, measured or not."""
+        """Decode calls run on count threads from now on, never measured again."""
         if not 1 <= count <= self.candidates[0]:
             raise ValueError(f"decode threads must be in [1, {self.candidates[0]}], got {count}")
-        self.chosen = count
+        self.chosen, self._fixed = count, True
 
     def next(self) -> int:
         """The count the next decode call runs on."""
+        if self.chosen is not None and not self._fixed:
+            self._since += 1
+            if self._since > DECODE_RECHECK:
+                self._measure()
         return self.chosen or self._plan[0][0]
 
     def record(self, count: int, seconds: float) -> None:
@@ -120,5 +136,6 @@ class DecodeThreads:
         self._trying = [c for c in self._trying if median[c] <= DECODE_DROP * best]
         if self._passes == DECODE_PASSES or len(self._trying) == 1:
             self.chosen = min(self._trying, key=lambda c: (median[c], -c))
+            self.measured += 1
         else:
             self._start_pass()

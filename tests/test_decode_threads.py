@@ -11,7 +11,7 @@ import pytest
 import pyllm
 from laptop_gguf import make_q4_k_m
 from pyllm import _core
-from pyllm.threads import DECODE_BLOCK, DECODE_PASSES, DecodeThreads, decode_candidates
+from pyllm.threads import DECODE_BLOCK, DECODE_PASSES, DECODE_RECHECK, DecodeThreads, decode_candidates
 
 
 def test_a_pool_tries_all_its_threads_three_quarters_half_and_a_quarter():
@@ -55,6 +55,22 @@ def test_one_pass_decides_where_fewer_threads_are_far_slower():
     tuner = DecodeThreads(2)
     asked = _measure(tuner, lambda c, i: {2: 1.0, 1: 1.8}[c])
     assert asked == [2] * DECODE_BLOCK + [1] * DECODE_BLOCK and tuner.chosen == 2
+
+
+def test_the_counts_are_measured_again_after_a_while_and_a_fixed_count_never_is():
+    tuner = DecodeThreads(2)
+    _measure(tuner, lambda c, i: {2: 3.0, 1: 1.0}[c])  # while another process held a core
+    assert tuner.chosen == 1 and tuner.measured == 1
+    for _ in range(DECODE_RECHECK):
+        assert tuner.next() == 1
+    assert tuner.next() == 2 and tuner.chosen is None  # the next call measures again, from all threads
+    assert all(not t for t in tuner.times.values())
+    _measure(tuner, lambda c, i: {2: 1.0, 1: 3.0}[c])  # the core free again
+    assert tuner.chosen == 2 and tuner.measured == 2
+    fixed = DecodeThreads(2, fixed=2)
+    for _ in range(3 * DECODE_RECHECK):
+        assert fixed.next() == 2
+    assert fixed.chosen == 2 and fixed.measured == 0
 
 
 def test_a_tie_keeps_the_most_threads_and_a_fixed_count_is_checked():
@@ -126,3 +142,18 @@ def test_a_model_measures_its_decode_threads_while_it_generates_and_its_tokens_s
     assert tuner.chosen in (1, 2)
     assert all(len(t) >= DECODE_BLOCK - 1 for t in tuner.times.values())
     assert all(s > 0 for t in tuner.times.values() for s in t)
+
+
+def test_a_float_model_s_prompt_gives_the_same_bits_whatever_the_decode_count(checkpoint):
+    """Up to 15 rows a call runs on the decode count, its bits those of any count; from 16 float
+    weights go through sgemm, cut by the thread count, and such a call takes every thread whatever
+    the decode count (a 17-token prompt prefilled while the counts are measured, and again after)."""
+    llm = pyllm.load(checkpoint("llama"), threads=3)
+    ids = [int(i) for i in np.random.default_rng(8).integers(3, llm.vocab_size, 17)]
+    for n in (15, 17):
+        got = []
+        for count in (1, 2, 3):
+            llm.core.decode_threads.fix(count)
+            got.append(_core.CoreSequence(llm.core, 32).forward(ids[:n], all_logits=True))
+        for other in got[1:]:
+            np.testing.assert_array_equal(other, got[0], err_msg=f"{n} tokens")
