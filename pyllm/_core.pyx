@@ -392,7 +392,7 @@ cdef class CoreModel:
         """Sets the pool's decode threads to this model's (a shared pool serves two models) before a
         forward call of rows: (the DecodeThreads to tell the call's time, the count, the start)
         while it measures a one-row call, else (None, count, 0). Under _forward_lock."""
-        threads = self.decode_threads.next()
+        threads = self.decode_threads.next(rows)
         pl_pool_set_decode_threads(self.pool, threads)
         if rows != 1 or not timed or not self.measures_decode or self.decode_threads.chosen is not None:
             return None, threads, 0.0

@@ -172,7 +172,7 @@ class Costs:
     step waits on memory), and for row counts not timed yet the average share of a step each
     further row adds (before any: ROW_COST); and what each proposer's drafted token takes. threads:
     the model's DecodeThreads: while it measures, calls take other thread counts from one to the
-    next, and none is timed (a Speculator plans from the fixed costs meanwhile)."""
+    next, and none is timed (a Speculator plans from the fixed costs until its first choice)."""
 
     def __init__(self, threads=None):
         self.threads = threads
@@ -198,6 +198,11 @@ class Costs:
     def settled(self) -> bool:
         """Whether calls are timed: not while the decode threads are measured."""
         return self.threads is None or self.threads.chosen is not None
+
+    @property
+    def chosen_once(self) -> bool:
+        """Whether the timings kept are of a chosen count (a later measure times nothing)."""
+        return self.threads is None or self.threads.chosen is not None or self.threads.measured > 0
 
     def record(self, rows: int, seconds: float) -> None:
         if not self.settled:
@@ -421,10 +426,9 @@ class Speculator:
         self.steps = 0  # forward calls of the model while decoding: plain steps and verifying calls
 
     def _plan_costs(self) -> None:
-        """Plans from the model's timed costs once they can be timed (its decode threads measured:
-        before, its calls take other thread counts from one to the next), else from the fixed cost
-        model."""
-        timed = self.timed_costs is not None and self.timed_costs.settled
+        """Plans from the model's timed costs once its decode threads have been chosen once (before,
+        its calls take other thread counts from one to the next), else from the fixed cost model."""
+        timed = self.timed_costs is not None and self.timed_costs.chosen_once
         if self.costs is not None and timed == self.timed:
             return
         self.timed = timed

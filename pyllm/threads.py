@@ -61,7 +61,7 @@ def default_threads() -> int:
 DECODE_BLOCK = 4  # consecutive decode steps on one count: the first pays the switch and is not scored
 DECODE_PASSES = 2  # blocks of each count, in turn: a noisy moment hits one block, not a count's every step
 DECODE_DROP = 1.25  # after a pass, a count this much slower than the best (medians) is tried no more
-DECODE_RECHECK = 1024  # decode calls on a chosen count before the counts are measured again
+DECODE_RECHECK = 1024  # one-row decode steps on a chosen count before the counts are measured again
 
 
 def decode_candidates(n_threads: int) -> list[int]:
@@ -80,14 +80,17 @@ class DecodeThreads:
     blocks of DECODE_BLOCK, in turn (a block's first step, which wakes or parks threads, unscored),
     DECODE_PASSES times, a count far behind the best dropped after a pass (where one count is left,
     as where 1 thread of 2 is far slower, one pass decides); the least median decides, and is
-    measured again after DECODE_RECHECK decode calls: the machine's other work comes and goes (a
-    model loaded while another process held a core would keep 1 thread of 2 for good). The bits do
+    measured again after DECODE_RECHECK one-row steps: the machine's other work comes and goes (a
+    model loaded while another process held a core would keep 1 thread of 2 for good); calls of
+    several rows keep the last choice meanwhile, as only one-row steps advance a measure. The bits do
     not depend on the count (every task reduces in the same order whatever the split), only the
     time. fixed: a count chosen beforehand (tests, benchmarks), never measured."""
 
     def __init__(self, n_threads: int, fixed: int | None = None):
         self.candidates = decode_candidates(n_threads)
         self.measured = 0  # measures completed
+        self.chosen: int | None = None
+        self.last: int | None = None  # the choice before the measure under way
         self._fixed = len(self.candidates) == 1  # nothing to measure
         self._measure()
         if self._fixed:
@@ -97,7 +100,8 @@ class DecodeThreads:
 
     def _measure(self) -> None:
         """Starts measuring every candidate afresh."""
-        self.chosen: int | None = None
+        if self.chosen is not None:
+            self.last, self.chosen = self.chosen, None
         self.times: dict[int, list[float]] = {c: [] for c in self.candidates}
         self._trying = list(self.candidates)  # the counts still in the running
         self._passes = 0
@@ -114,13 +118,15 @@ class DecodeThreads:
             raise ValueError(f"decode threads must be in [1, {self.candidates[0]}], got {count}")
         self.chosen, self._fixed = count, True
 
-    def next(self) -> int:
-        """The count the next decode call runs on."""
-        if self.chosen is not None and not self._fixed:
+    def next(self, rows: int = 1) -> int:
+        """The count the next decode call, of rows rows, runs on."""
+        if self.chosen is not None and not self._fixed and rows == 1:
             self._since += 1
             if self._since > DECODE_RECHECK:
                 self._measure()
-        return self.chosen or self._plan[0][0]
+        if self.chosen is not None:
+            return self.chosen
+        return self.last if rows != 1 and self.last is not None else self._plan[0][0]
 
     def record(self, count: int, seconds: float) -> None:
         """A one-row decode step on count threads (next()'s) took seconds."""

@@ -62,8 +62,9 @@ def test_the_counts_are_measured_again_after_a_while_and_a_fixed_count_never_is(
     _measure(tuner, lambda c, i: {2: 3.0, 1: 1.0}[c])  # while another process held a core
     assert tuner.chosen == 1 and tuner.measured == 1
     for _ in range(DECODE_RECHECK):
-        assert tuner.next() == 1
-    assert tuner.next() == 2 and tuner.chosen is None  # the next call measures again, from all threads
+        assert tuner.next() == 1 and tuner.next(rows=5) == 1  # only one-row steps count
+    assert tuner.next() == 2 and tuner.chosen is None  # the next step measures again, from all threads
+    assert tuner.next(rows=5) == 1  # a call of several rows keeps the last choice meanwhile
     assert all(not t for t in tuner.times.values())
     _measure(tuner, lambda c, i: {2: 1.0, 1: 3.0}[c])  # the core free again
     assert tuner.chosen == 2 and tuner.measured == 2
