@@ -92,7 +92,7 @@ def q4_k_m_file(tmp_path_factory) -> str:
 @pytest.mark.parametrize("weights", ["q4_k_m", "bf16"])
 def test_decode_steps_on_any_part_of_the_pool_give_the_bits_of_one_thread(weights, q4_k_m_file, checkpoint):
     """A pool of 4 threads: each decode step on another count (the threads it leaves out parked,
-    then woken by a prefill or a larger count), between prefills and batched calls on all four."""
+    then woken by a larger count), between short prefills, on the count of their turn too."""
     source = q4_k_m_file if weights == "q4_k_m" else checkpoint("llama")
     one, four = pyllm.load(source, threads=1, n_ctx=64), pyllm.load(source, threads=4, n_ctx=64)
     ids = [int(i) for i in np.random.default_rng(5).integers(3, min(one.vocab_size, 2048), 40)]
@@ -102,7 +102,7 @@ def test_decode_steps_on_any_part_of_the_pool_give_the_bits_of_one_thread(weight
     pos = 6
     while pos < len(ids):
         four.core.decode_threads.fix(next(counts))
-        if pos % 7 == 0:  # a prefill chunk: every thread
+        if pos % 7 == 0:  # a prefill of 3 tokens
             np.testing.assert_array_equal(theirs.forward(ids[pos:pos + 3]), mine.forward(ids[pos:pos + 3]))
             pos += 3
             continue
@@ -115,18 +115,18 @@ def test_decode_steps_on_any_part_of_the_pool_give_the_bits_of_one_thread(weight
     np.testing.assert_array_equal(work.forward_batch([theirs], [ids[0]])[0], mine.forward([ids[0]]))
 
 
-def test_two_models_sharing_a_pool_each_decode_on_their_own_count(checkpoint):
+def test_a_draft_on_its_target_s_pool_follows_the_target_s_decode_count(checkpoint):
     folder = checkpoint("llama")
     alone = pyllm.load(folder, threads=1)
     target, draft = pyllm.load(folder, threads=3), pyllm.load(folder, threads=3)
-    draft._core.share_pool(target._core)
-    target.core.decode_threads.fix(1)
-    draft.core.decode_threads.fix(3)
+    draft.core.share_pool(target.core)
+    assert draft.core.decode_threads is target.core.decode_threads  # its steps are not timed among the target's
     ids = [int(i) for i in np.random.default_rng(6).integers(3, alone.vocab_size, 12)]
-    seqs = [_core.CoreSequence(m._core, 32) for m in (alone, target, draft)]
+    seqs = [_core.CoreSequence(m.core, 32) for m in (alone, target, draft)]
     for s in seqs:
         s.forward(ids[:4])
-    for token in ids[4:]:
+    for i, token in enumerate(ids[4:]):
+        target.core.decode_threads.fix(1 + i % 3)
         want = seqs[0].forward([token])
         np.testing.assert_array_equal(seqs[1].forward([token]), want)
         np.testing.assert_array_equal(seqs[2].forward([token]), want)

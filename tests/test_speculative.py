@@ -48,8 +48,8 @@ def test_greedy_speculation_gives_the_plain_tokens_logprobs_and_text_with_every_
                                                                                         monkeypatch):
     target, same = tiny(family)
     # a draft as large as the target costs a step per token and is dropped after a round, and its
-    # catch-up with the prompt is not paid back in 24 tokens: taken as free here (as timed rounds
-    # would price it only now and then), it shows that a draft that is always right is used in full
+    # catch-up with the prompt is not paid back in 24 tokens: taken as free here for the whole test
+    # (its rounds, once timed, price it at a step a token), it shows that a draft always right is used in full
     monkeypatch.setattr(speculative.Speculator, "drafting", lambda self, k: 0.0)
     monkeypatch.setattr(speculative.Speculator, "catch_up_cost", lambda self: 0.0)
     plain = target.generate(PROMPT, max_tokens=24, logprobs=3, speculative="off")
