@@ -158,3 +158,14 @@ def test_a_float_model_s_prompt_gives_the_same_bits_whatever_the_decode_count(ch
             got.append(_core.CoreSequence(llm.core, 32).forward(ids[:n], all_logits=True))
         for other in got[1:]:
             np.testing.assert_array_equal(other, got[0], err_msg=f"{n} tokens")
+
+
+def test_on_the_real_q4_1_file_the_measured_count_gives_the_tokens_and_logprobs_of_one_thread(smollm2_gguf):
+    """The default model, quantized: its 8-bit activations and packed kernels on whichever count
+    the measure takes and keeps, the generation the same as on one thread."""
+    plain = pyllm.load(smollm2_gguf, threads=1).generate("The capital of France is", max_tokens=30,
+                                                        logprobs=2, speculative="off")
+    llm = pyllm.load(smollm2_gguf, threads=2)
+    out = llm.generate("The capital of France is", max_tokens=30, logprobs=2, speculative="off")
+    assert llm.core.decode_threads.chosen in (1, 2) and llm.core.decode_threads.measured == 1
+    assert out.token_ids == plain.token_ids and out.logprobs == plain.logprobs
