@@ -149,14 +149,17 @@ PX_TARGET static inline void store_rows(float *y, __m256 v, int64_t count) {
  * one stream, group after group in memory order, and the hardware prefetcher alone falls behind on
  * the packed blocks (from memory, one row at a time, packed q6_K took 3.9 ns a block of 32 without
  * software prefetching, the row kernel 0.9). Each block's bytes a fixed distance on are prefetched
- * as it is read: STREAM_AHEAD_K for the k-quants' long blocks (1,152-1,680 bytes), STREAM_AHEAD for
- * the others' (144-272). Measured on one core of machine D (AMD EPYC, AVX-512), decode tok/s of whole
- * models over distances of 0.5-16 KB: a 3B Q4_K_M 7.0-7.5 (two groups side by side, the next two
- * prefetched in step: this file before) → 11.3-12.1 at 1 KB, 10.3-10.7 at 4 KB; SmolLM2 Q4_1 (with
- * q8_0) 223-226 → 241-247 at 1 KB, 252-279 at 4-8 KB; a 1B Q8_0 15.5 → 19.0 at 1 KB, 20.2-22.6 at
- * 4-8 KB. With more rows a group is read by several tiles and the first prefetches the next group
- * whole, in step. */
-enum { STREAM_AHEAD = 4096, STREAM_AHEAD_K = 1024 };
+ * as it is read: STREAM_AHEAD_Q6K for q6_K's long blocks (1,680 bytes), STREAM_AHEAD for the others'
+ * (144-1,408). Measured on one core of machine D (AMD EPYC, AVX-512), decode tok/s of whole models
+ * over distances of 0.5-16 KB: SmolLM2 Q4_1 (with q8_0) 223-226 without → 241-247 at 1 KB, 252-279
+ * at 4-8 KB; a 1B Q8_0 15.5 → 19.0 at 1 KB, 20.2-22.6 at 4-8 KB. The k-quants took 1 KB until their
+ * prefetches were spread over the sub-blocks (prefetch_some); spread, q4_K and q5_K are faster at
+ * 4 KB (2026-11-29, bench_packed.py, one thread, a 60 MB matrix, alternating builds: q4_K 0.83-0.91
+ * → 0.60-0.68 ns a block of 32 with VNNI, 0.76-0.90 → 0.62-0.72 on AVX2; q5_K 1.12-1.17 → 0.88-0.91;
+ * a 3B Q4_K_M's decode on one thread 11.6-12.3 → 12.8-13.4 tok/s), q6_K is not (VNNI the same,
+ * AVX2 1.2 → 1.8-2.0 ns). With more rows a group is read by several tiles and the first prefetches
+ * the next group whole, in step. */
+enum { STREAM_AHEAD = 4096, STREAM_AHEAD_Q6K = 1024 };
 
 PX_TARGET static inline void prefetch_next(const char *pf, int64_t pf_bytes, int64_t b) {
     for (int64_t c = 0; c < pf_bytes; c += 64) PL_PREFETCH(pf + b * pf_bytes + c);
@@ -502,7 +505,7 @@ PX_TARGET static ALWAYS_INLINE void k4_block_sums(const pl_block_q4_Kx8 *blk, co
     k4x8_words(blk, &sc[0], &sc[1], 0);
     UNROLLED for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
     UNROLLED for (int c = 0; c < 4; c++) {
-        prefetch_some(next, end, five ? 12 : 10);
+        prefetch_some(next, end, five ? 6 : 5);
         __m256i lo_sum[TILE_ROWS], hi_sum[TILE_ROWS];
         UNROLLED for (int k = 0; k < 8; k++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 256 * c + 32 * k));
@@ -829,9 +832,9 @@ PACKED_KERNEL(gemm_q4_0x8, pl_block_q4_0x8, q4_0_tile, STREAM_AHEAD, q4_0_offset
 PACKED_KERNEL(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, STREAM_AHEAD, no_offsets, 0, pl_gemm_q4_1x8_scalar)
 PACKED_KERNEL(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, STREAM_AHEAD, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
 PACKED_KERNEL(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, STREAM_AHEAD, Q8_0_OFFSETS, Q8_0_PER_BLOCK, pl_gemm_q8_0x8_scalar)
-PACKED_KERNEL(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, STREAM_AHEAD_K, k4_offsets, 4, pl_gemm_q4_Kx8_scalar)
-PACKED_KERNEL(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, STREAM_AHEAD_K, k4_offsets, 4, pl_gemm_q5_Kx8_scalar)
-PACKED_KERNEL(gemm_q6_Kx8, pl_block_q6_Kx8, q6_K_tile, STREAM_AHEAD_K, no_offsets, 0, pl_gemm_q6_Kx8_scalar)
+PACKED_KERNEL(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, STREAM_AHEAD, k4_offsets, 4, pl_gemm_q4_Kx8_scalar)
+PACKED_KERNEL(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, STREAM_AHEAD, k4_offsets, 4, pl_gemm_q5_Kx8_scalar)
+PACKED_KERNEL(gemm_q6_Kx8, pl_block_q6_Kx8, q6_K_tile, STREAM_AHEAD_Q6K, no_offsets, 0, pl_gemm_q6_Kx8_scalar)
 
 int PX_NAME(pl_install_packed)(void) {
     pl_packed.q4_0 = PX_NAME(gemm_q4_0x8);

@@ -349,11 +349,14 @@ cdef class CoreModel:
         cdef int64_t rows = PL_PACK_ROWS if packed else 1  # the rows one unit of a piece holds
         cdef int64_t units = (t.rows + rows - 1) // rows
         cdef int64_t step = max(1, (4 << 20) // (rows * row_bytes)), u0, u1, start, end
+        cdef int rc
         for u0 in range(0, units, step):
             u1 = min(units, u0 + step)
             start, end = u0 * rows * row_bytes, min(u1 * rows * row_bytes, total)
             if packed:
-                if pl_tensor_pack(t, self.pool, u0, u1) != 0:
+                with nogil:
+                    rc = pl_tensor_pack(t, self.pool, u0, u1)
+                if rc != 0:
                     raise ValueError("a weight cannot be packed")
             else:
                 with nogil:
