@@ -154,9 +154,9 @@ PX_TARGET static inline void store_rows(float *y, __m256 v, int64_t count) {
  * over distances of 0.5-16 KB: SmolLM2 Q4_1 (with q8_0) 223-226 without → 241-247 at 1 KB, 252-279
  * at 4-8 KB; a 1B Q8_0 15.5 → 19.0 at 1 KB, 20.2-22.6 at 4-8 KB. The k-quants took 1 KB until their
  * prefetches were spread over the sub-blocks (prefetch_some); spread, q4_K and q5_K are faster at
- * 4 KB (2026-11-29, bench_packed.py, one thread, a 60 MB matrix, alternating builds: q4_K 0.83-0.91
+ * 4 KB (2026-11-29, bench_packed.py, one thread, a 60 MB matrix, alternating builds: q4_K 0.80-0.91
  * → 0.60-0.68 ns a block of 32 with VNNI, 0.76-0.90 → 0.62-0.72 on AVX2; q5_K 1.12-1.17 → 0.88-0.91;
- * a 3B Q4_K_M's decode on one thread 11.6-12.3 → 12.8-13.4 tok/s), q6_K is not (VNNI the same,
+ * a 3B Q4_K_M's decode on one thread 11.4-11.9 → 12.5-13.5 tok/s), q6_K is not (VNNI the same,
  * AVX2 1.2 → 1.8-2.0 ns). With more rows a group is read by several tiles and the first prefetches
  * the next group whole, in step. */
 enum { STREAM_AHEAD = 4096, STREAM_AHEAD_Q6K = 1024 };
