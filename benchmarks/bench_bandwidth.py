@@ -30,7 +30,10 @@ def read_buffer(nbytes: int) -> np.ndarray:
     plain read, not one slowed by 4 KB pages' TLB misses."""
     import mmap
 
-    area = mmap.mmap(-1, nbytes + HUGE_PAGE)
+    # private: Python's anonymous mmap is shared memory by default, which Linux gives 4 KB pages
+    # whatever the advice (shmem_enabled), and the read then ran at ~2/3 of the machine's speed
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    area = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=flags) if flags else mmap.mmap(-1, nbytes + HUGE_PAGE)
     whole = np.frombuffer(area, dtype=np.uint8)
     start = -whole.ctypes.data % HUGE_PAGE
     if hasattr(mmap, "MADV_HUGEPAGE"):
