@@ -25,46 +25,28 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's pyllm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench import git_commit, machine, prompt_ids  # noqa: E402
+from bench import PyllmEngine, git_commit, machine, prompt_ids, time_decode, time_prefill  # noqa: E402
 
 RESULT_MARK = "THREADS_RESULT "
 PROMPT = 128  # decode starts after this many tokens, as bench.py's
 
 
 def child(model: str, threads: int, tokens: int, prefill: int, ids_path: str) -> dict:
-    """One pyllm process: prefill tok/s, measured-count decode tok/s and all-threads decode tok/s."""
-    import numpy as np
-
-    import pyllm
-
+    """One pyllm process (bench.py's engine and timings): prefill tok/s, decode tok/s on the count it
+    measured and chose (its measuring steps run first, untimed), then on all its threads."""
     with open(ids_path) as f:
         ids = json.load(f)
-    llm = pyllm.load(model, threads=threads, n_ctx=max(PROMPT, prefill) + 2 * tokens + 64)
-    tuner = llm.core.decode_threads
+    engine = PyllmEngine(model, threads, None, max(PROMPT, prefill) + 2 * tokens + 64, None)
     out = {"threads": threads}
     if prefill:
-        llm._prefill(ids[:prefill])  # untimed: first use of the prefill tiles and buffers
-        llm.reset()
-        start = time.perf_counter()
-        llm._prefill(ids[:prefill])
-        out["prefill"] = prefill / (time.perf_counter() - start)
-        llm.reset()
-
-    def decode(n: int, token: int) -> tuple[float, int]:
-        start = time.perf_counter()
-        for _ in range(n):
-            token = int(np.argmax(llm._step(token)))
-        return n / (time.perf_counter() - start), token
-
-    token = int(np.argmax(llm._prefill(ids[:PROMPT])))
-    settle = 0
-    while tuner.chosen is None:  # the measuring steps, untimed as a warm-up
-        token = int(np.argmax(llm._step(token)))
-        settle += 1
-    out["chosen"], out["settle_steps"] = tuner.chosen, settle
-    out["measured"], token = decode(tokens, token)
-    tuner.fix(llm.core.n_threads)
-    out["all"], token = decode(tokens, token)
+        time_prefill(engine, ids[:prefill])  # untimed: first use of the prefill tiles and buffers
+        out["prefill"] = time_prefill(engine, ids[:prefill])
+    engine.settle(ids[:PROMPT])
+    tuner = engine.llm.core.decode_threads
+    out["chosen"] = tuner.chosen
+    out["measured"] = time_decode(engine, ids[:PROMPT], tokens)[0]
+    tuner.fix(engine.llm.core.n_threads)
+    out["all"] = time_decode(engine, ids[:PROMPT], tokens)[0]
     return out
 
 
