@@ -10,8 +10,8 @@ steps untimed until it has measured and chosen its decode count (README: `decode
 --decode-tokens steps timed with that choice ("measured"), then as many with every one of the N
 threads ("all N"). llama-bench (built by `benchmarks/laptop_shapes.py --tools`; its Python binding
 is not needed) runs `-t N -p 0 -n TOKENS -d 128` (decode after 128 tokens, as pyllm's; and
-`-p PREFILL -n 0`) in its own process, alternating with pyllm's. Rows: the best repeat of each. The last columns say whether each count was at least
-as fast as the one below it.
+`-p PREFILL -n 0`) in its own process, alternating with pyllm's. Rows: the best repeat of each.
+The last columns say whether each count was at least as fast as the one below it.
 """
 from __future__ import annotations
 
