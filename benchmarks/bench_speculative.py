@@ -3,16 +3,18 @@
     python benchmarks/bench_speculative.py [--threads 2] [--max-tokens 160] [--rounds 2]
 
 Tasks: editing (a ~400-token function with one change asked for, the whole function back), a summary
-of a given text, and free chat. Targets: SmolLM2-135M-Instruct Q4_1 (proposers lookup and self:N),
+of a given text, free chat, and extraction (an order's details from an email, as JSON under a schema:
+the constraint judges every token, plain and speculative alike). Targets: SmolLM2-135M-Instruct Q4_1 (proposers lookup and self:N),
 and the same model as a bf16 folder (f32 compute; proposers lookup, self:N and a draft: the Q4_1 file,
 same tokenizer, a third of the bytes). Every speculative output is checked to be the plain output
 token for token. Decode tok/s = (tokens - 1) / (generation time - the time to the first token,
 measured alone), each from a fresh cache; best of --rounds, the settings taking turns; the last column
 has each round's decode against plain's in the same round, and their median (on a shared machine the
 per-round ratios say more than the best of each). Forward calls:
-the model's calls after the prompt (plain: one per token), which no load on the machine changes.
+the model's calls after the prompt (plain: one per token, but the tokens a constraint forces run in
+the call before them), which no load on the machine changes.
 --tasks and --targets take subsets (--targets gemma3: Gemma 3 270M Q4_K_M, lookup and self:14).
---together runs the tasks at once instead, one request each, as a list (Model.generate's engine:
+--together runs the tasks at once instead (but extraction: a list shares one constraint), one request each, as a list (Model.generate's engine:
 one call a step for all of them, each job's proposals in it); decode tok/s is then every job's
 tokens after its first over the time past the list's prefill.
 Prints a Markdown table and the machine.
@@ -51,6 +53,37 @@ shared, and it brought pollution, crowded housing and new social conflicts that 
 following century."""
 
 
+EXTRACTION_TEXT = """From: Priya Raman <priya.raman@harbourlogistics.co.uk>
+To: accounts@northwindtraders.com
+Subject: Order 58213, delivery and invoice
+
+Hello, this confirms order 58213 placed on 14 October 2026 by Harbour Logistics Ltd, 7 Quay Street,
+Bristol BS1 4DJ. The order is for 40 boxes of A4 printer paper at 4.50 pounds a box, 3 black toner
+cartridges at 61.00 pounds each and 12 packs of blue ballpoint pens at 2.25 pounds a pack. Please
+deliver to our warehouse at Unit 12, Avonmouth Trading Estate, Bristol BS11 9FG, between 8 am and
+4 pm on a weekday, and ask for Tom Becker at the loading bay. Send the invoice to Priya Raman at the
+address above; payment is due within 30 days of the invoice date by bank transfer. Thank you."""
+
+# The extraction task's output: a JSON object under this schema (the constraint judges every token)
+EXTRACTION_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "required": ["order_number", "order_date", "customer", "delivery_address", "contact", "items", "payment_terms"],
+    "properties": {
+        "order_number": {"type": "string", "maxLength": 12},
+        "order_date": {"type": "string", "maxLength": 24},
+        "customer": {"type": "object", "additionalProperties": False, "required": ["name", "address"],
+                     "properties": {"name": {"type": "string", "maxLength": 40},
+                                    "address": {"type": "string", "maxLength": 60}}},
+        "delivery_address": {"type": "string", "maxLength": 80},
+        "contact": {"type": "string", "maxLength": 40},
+        "items": {"type": "array", "maxItems": 5, "items": {
+            "type": "object", "additionalProperties": False, "required": ["description", "quantity", "unit_price"],
+            "properties": {"description": {"type": "string", "maxLength": 40},
+                           "quantity": {"type": "integer"}, "unit_price": {"type": "number"}}}},
+        "payment_terms": {"type": "string", "maxLength": 60}}}
+CONSTRAINED = {"extraction": {"json_schema": EXTRACTION_SCHEMA}}  # tasks whose output a constraint shapes
+
+
 # Gemma 3's turns, for its GGUF files that carry no chat template
 # (jinja drops a template's last newline: the one after "model" is written as a string)
 GEMMA_TURNS = ("{{ bos_token }}{% for m in messages %}"
@@ -67,24 +100,30 @@ def tasks() -> dict[str, list[dict]]:
                      "where you can.\n\n" + SUMMARY_TEXT}],
         "free chat": [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a "
                        "message in a bottle."}],
+        "extraction": [{"role": "user", "content": "Extract the order's details from this email as JSON.\n\n"
+                        + EXTRACTION_TEXT}],
     }
 
 
-def timed(llm, ids, max_tokens, settings, rounds):
+def timed(llm, ids, max_tokens, settings, rounds, constraint=None):
     """[(completion, best decode tok/s, best end-to-end tok/s, decode tok/s of each round)] for each
     speculative setting, the settings taking turns in each round (in reverse order every other round)
     so that a change in the machine's load hits them alike. ids: one prompt, or a list of them run at
-    once (completion is then their list, and decode counts every one's tokens after its first)."""
+    once (completion is then their list, and decode counts every one's tokens after its first).
+    constraint: generate's keywords that constrain the output (json_schema=...), or None."""
+    constraint = constraint or {}
+    if constraint:  # the parser's tables for this vocabulary are built once a model, before any timing
+        llm.generate(ids, max_tokens=1, speculative="off", **constraint)
     best = [[None, 0.0, 0.0, []] for _ in settings]
     for r in range(rounds):
         for result, speculative in (zip(best, settings) if r % 2 == 0 else reversed(list(zip(best, settings)))):
             llm.reset()
             start = time.perf_counter()
-            llm.generate(ids, max_tokens=1, speculative="off")
+            llm.generate(ids, max_tokens=1, speculative="off", **constraint)
             first = time.perf_counter() - start
             llm.reset()
             start = time.perf_counter()
-            out = llm.generate(ids, max_tokens=max_tokens, speculative=speculative)
+            out = llm.generate(ids, max_tokens=max_tokens, speculative=speculative, **constraint)
             total = time.perf_counter() - start
             outs = out if isinstance(out, list) else [out]
             n = sum(len(o.token_ids) for o in outs)
@@ -92,6 +131,23 @@ def timed(llm, ids, max_tokens, settings, rounds):
             result[:3] = [out, max(result[1], decode), max(result[2], n / total)]
             result[3].append(decode)
     return best
+
+
+def plain_calls(llm, ids, max_tokens, constraint=None) -> int:
+    """The forward calls of one plain generation after its prompt: one a token, but where a
+    constraint forces tokens, which run in the call of the token before them."""
+    calls, step = [0], llm.pool.step
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return step(*args, **kwargs)
+
+    llm.pool.step = counted
+    try:
+        llm.generate(ids, max_tokens=max_tokens, speculative="off", **(constraint or {}))
+    finally:
+        del llm.pool.step
+    return calls[0]
 
 
 def call_times(llm, sizes, repeats: int = 25) -> dict[int, float]:
@@ -124,7 +180,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--tasks", default="editing,summary,free chat", help="a comma-separated subset")
+    parser.add_argument("--tasks", default="editing,summary,free chat,extraction", help="a comma-separated subset")
     parser.add_argument("--targets", default="q4_1,bf16", help="a comma-separated subset of q4_1,bf16,gemma3")
     parser.add_argument("--together", action="store_true", help="the tasks at once, as one list")
     args = parser.parse_args()
@@ -158,8 +214,8 @@ def main() -> None:
                   for task, messages in tasks().items() if task in args.tasks.split(",")}
         settings = ["off"] + [drafted if proposer == "draft" else proposer for proposer in proposers]
         if args.together:
-            id_lists = list(chosen.values())
-            name, n_prompt = " + ".join(chosen) + " at once", "+".join(str(len(ids)) for ids in id_lists)
+            id_lists = [ids for task, ids in chosen.items() if task not in CONSTRAINED]  # a list shares its constraint
+            name, n_prompt = " + ".join(t for t in chosen if t not in CONSTRAINED) + " at once", "+".join(str(len(ids)) for ids in id_lists)
             (plain, decode0, total0, plain_rounds), *runs = timed(llm, id_lists, args.max_tokens, settings, args.rounds)
             n = sum(len(out.token_ids) for out in plain)
             row(os.path.basename(source), name, n_prompt, "plain", n, n - len(plain), "", decode0, total0, 1.0)
@@ -174,9 +230,11 @@ def main() -> None:
                     decode / decode0, rounds)
             continue
         for task, ids in chosen.items():
-            (plain, decode0, total0, plain_rounds), *runs = timed(llm, ids, args.max_tokens, settings, args.rounds)
-            row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids), len(plain.token_ids) - 1, "",
-                decode0, total0, 1.0)
+            constraint = CONSTRAINED.get(task)
+            (plain, decode0, total0, plain_rounds), *runs = timed(llm, ids, args.max_tokens, settings, args.rounds,
+                                                                  constraint)
+            row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids),
+                plain_calls(llm, ids, args.max_tokens, constraint), "", decode0, total0, 1.0)
             for proposer, (out, decode, total, each) in zip(proposers, runs):
                 assert out.token_ids == plain.token_ids, f"{proposer} on {task}: not the plain tokens"
                 counts = out.usage["speculative"]

@@ -152,6 +152,30 @@ class Constraint:
             self._next_mask()
         return tokens
 
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of tokens, from the first, the parser would take in turn (a speculative round's
+        drafts); the parser is left as it is."""
+        return self.matcher.validate_tokens(tokens) if tokens else 0
+
+    def mask_after(self, tokens: list[int], logits: np.ndarray) -> np.ndarray | None:
+        """mask(logits) as it will be once tokens are taken (a draft model's drafts so far, so that
+        its next one is one the parser would take), in a buffer of its own; None where the parser
+        would not take them or nothing may follow them. The parser is left as it is."""
+        if not tokens:
+            return self.mask(logits)
+        if self.valid_prefix(tokens) < len(tokens) or not self.matcher.consume_tokens(tokens):
+            return None
+        try:
+            if self.matcher.is_stopped():
+                return None
+            bits = np.empty_like(self.bits)
+            self.matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        finally:
+            self.matcher.rollback(len(tokens))
+        out = np.empty(self.n_vocab, dtype=np.float32)
+        _core.masked_logits(np.ascontiguousarray(logits, dtype=np.float32), bits, out)
+        return out
+
     def consume(self, token: int) -> None:
         if not self.matcher.consume_token(int(token)):
             raise PyllmError(f"the constraint rejected token {token}: {self.matcher.get_error()}")

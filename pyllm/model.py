@@ -156,7 +156,7 @@ class Model:
         check_run_settings(max_tokens, logprobs)
         settings.validate(self.vocab_size)
         gen = Generation(self, ids, settings, max_tokens, stop, logprobs, grammar)
-        if speculation is not None and grammar is None:  # a constraint's parser takes one token at a time
+        if speculation is not None:
             speculation.start(self, gen)
         if gen.finish_reason is None:
             yield from self._decode(gen)

@@ -70,9 +70,7 @@ class Job:
     def __init__(self, model, ids: list[int], params: SamplingParams, max_tokens: int, stop,
                  logprobs: int | None, on_event: Callable, grammar: str | None = None, speculation=None):
         self.gen = Generation(model, ids, params, max_tokens, stop, logprobs, grammar)
-        # a constraint's parser takes one token at a time: a constrained job does not speculate
-        self.speculator = (speculation.start(model, self.gen) if speculation is not None and grammar is None
-                           else None)
+        self.speculator = speculation.start(model, self.gen) if speculation is not None else None
         self.on_event = on_event
         self.cache = None         # the pool's Cache while the job holds one
         self.logits = None        # next-token logits once the prompt is in
@@ -91,14 +89,16 @@ class Job:
 
     def take(self, pieces: list) -> bool:
         """Emits the tokens a speculative round made (speculator.judge's pieces); whether the job
-        goes on (next_token then the last of them, chosen)."""
+        goes on (next_token then the first token its cache lacks, chosen; forced any after it that
+        a constraint forced)."""
         for piece in pieces:
             if piece is not None:
                 self.on_event(piece)
         if self.gen.finish_reason is not None:
             self.finish()
             return False
-        self.next_token, self.chosen = pieces[-1].token_id, True
+        pending = self.gen.context()[self.cache.seq.pos:]
+        self.next_token, self.forced, self.chosen = pending[0], pending[1:], True
         return True
 
     def choose(self) -> int | None:
@@ -298,7 +298,7 @@ class Engine:
     def _decode(self, batch: list[Job]) -> None:
         for job in [j for j in batch if j.forced]:  # several tokens: a call of their own, as solo
             try:
-                job.logits = self.pool.step(job.cache, job.next_token, job.forced)
+                job.logits, job.chosen = self.pool.step(job.cache, job.next_token, job.forced), False
             except Exception as e:  # noqa: BLE001
                 self._fail(job, e)
         batch = [j for j in batch if not j.forced]
@@ -324,7 +324,7 @@ class Engine:
         jobs, tokens = [], []
         for job in group:
             try:
-                run = (job.speculator.prepare(job.cache, job.next_token, share) if job.speculator is not None
+                run = (job.speculator.prepare(job.cache, share) if job.speculator is not None
                        else [job.next_token])
             except Exception as e:  # noqa: BLE001 — a proposer that failed fails its job alone
                 self._fail(job, e)

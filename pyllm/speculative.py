@@ -25,6 +25,15 @@ point mass for lookup proposals and greedy drafts). Every draw comes from the ge
 generator in a fixed order and every decision follows from the logits and the counts of taken
 tokens, never from timings, so a seed gives the same tokens on any thread count.
 
+Constrained output (a JSON schema, a regex, a grammar: pyllm.constraints). Each row is judged as the
+plain path samples a step: masked by the parser in the state the tokens before it left it, and the
+token chosen consumed, so the parser only ever takes the tokens kept. Drafts the parser would not
+take are cut before the call (no row is spent on them), and a draft model drafts among the tokens the
+parser takes after its drafts so far (the parser advanced over them and rolled back). Where the parser
+forces tokens after a draft taken (a key's name), the drafts that are those tokens are kept and the
+round goes on past them; where one differs the round ends there, and the forced rest is run at the
+head of the next call, as the plain path runs forced tokens in the call of the token before them.
+
 Adaptive, never by a token: speculation decides only whether and how much to propose, from costs
 and odds. The costs: a one-token step's time, a verifying call's time against it by its rows, and the
 proposer's time per drafted token, all measured as the model runs (a model's costs are kept across its
@@ -337,11 +346,13 @@ class DraftModel:
         drafts, qs = [], []
         for i in range(k):
             token, q = choose(logits, drafts)
+            if token is None:  # nothing may follow (a constraint's whole match)
+                break
             drafts.append(token)
             qs.append(q)
             if i < k - 1:
                 logits = self.seq.forward([token])
-        self.held = context + drafts[:-1]
+        self.held = context + drafts[:i]  # the last draft is not run, unless the loop broke before a next one
         return drafts, qs
 
 
@@ -363,12 +374,14 @@ class SelfDraft:
         return 0  # it drafts in the generation's own cache, which holds the context
 
     def propose(self, context: list[int], k: int, choose) -> tuple[list[int], list]:
-        start = self.seq.pos  # the cache holds every token of the context but the last
-        logits = self.seq.forward(context[-1:], n_layers=self.layers)
+        start = self.seq.pos  # the cache holds the context but its last token (and any a constraint forced after it)
+        logits = self.seq.forward(context[start:], n_layers=self.layers)
         drafts, qs = [], []
         try:
             for i in range(k):
                 token, q = choose(logits, drafts)
+                if token is None:  # nothing may follow (a constraint's whole match)
+                    break
                 drafts.append(token)
                 qs.append(q)
                 if i < k - 1:
@@ -445,38 +458,45 @@ class Speculator:
                 "speculative": {"proposer": self.name, "proposed": self.proposed, "accepted": self.accepted,
                                 "steps": self.steps}}
 
-    def round(self, pool, cache, token: int) -> np.ndarray:
-        """Runs token (just chosen) and this round's drafts in cache as one forward call; the rows
+    def round(self, pool, cache) -> np.ndarray:
+        """Runs the tokens made since the cache's last call (the one just chosen, and what a
+        constraint forced after it) and this round's drafts in cache as one forward call; the rows
         of logits, one per token run. Call under pool.lock; then judge(rows)."""
-        tokens = self.prepare(cache, token)
+        tokens = self.prepare(cache)
         start = time.perf_counter()
-        rows = pool.verify(cache, tokens) if self.drafts else pool.step(cache, token)[None]
+        rows = pool.verify(cache, tokens) if self.drafts else pool.step(cache, tokens[0], tokens[1:])[None]
         if self.timed:
             self.costs.record(len(tokens), time.perf_counter() - start)
         return rows
 
-    def prepare(self, cache, token: int, share: Share | None = None) -> list[int]:
-        """The tokens of this round's rows: token (just chosen) and the drafts proposed after it,
-        weighed against share (the other rows of a batched call; alone without it), which then
-        counts them in. The caller runs them in cache (pyllm.scheduler: with the other jobs'), then
-        judge(rows)."""
+    def prepare(self, cache, share: Share | None = None) -> list[int]:
+        """The tokens of this round's rows: those the cache lacks (the token just chosen, then any a
+        constraint forced after it) and the drafts proposed after them, weighed against share (the
+        other rows of a batched call; alone without it), which then counts them in. The caller runs
+        them in cache (pyllm.scheduler: with the other jobs'), then judge(rows)."""
         gen = self.gen
         self.steps += 1
         self._plan_costs()
         share = share or Share()
-        room = min(gen.max_tokens - len(gen.generated),  # the last row would go unused past these
-                   gen.n_ctx - cache.seq.pos - 1, cache.seq.exact_rows - 1)
-        if share.room() is not None:
-            room = min(room, share.room())
         self.drafts, self.qs = [], []
         context = self.context
         context += gen.generated[len(context) - len(gen.ids):]
+        pending = context[cache.seq.pos:]
+        self.lead = len(pending) - 1  # rows before the one that judges the first draft
+        share.rows += self.lead
+        room = min(gen.max_tokens - len(gen.generated),  # the last row would go unused past these
+                   gen.n_ctx - cache.seq.pos - len(pending), cache.seq.exact_rows - len(pending))
+        if share.room() is not None:
+            room = min(room, share.room())
         k = self._plan(context, room, share) if room > 0 else 0
         if k:
             if isinstance(self.proposer, SelfDraft):
                 self.proposer.seq = cache.seq
             start = time.perf_counter()
             self.drafts, self.qs = self.proposer.propose(context, k, self._choose)
+            if gen.constraint is not None:  # a draft the parser would not take cannot be taken: no row for it
+                taken = gen.constraint.valid_prefix(self.drafts)
+                self.drafts, self.qs = self.drafts[:taken], self.qs[:taken]
             n = len(self.drafts)
             prefill = getattr(self.proposer, "prefill_seconds", 0.0)
             if self.timed and self.costs.step and prefill:
@@ -490,7 +510,7 @@ class Speculator:
                 self.costs.drafts[self.name] = self.draft_cost
             if n:
                 share.add(n, self.expected, self.drafting(n))
-        return [token] + self.drafts
+        return pending + self.drafts
 
     def _plan(self, context: list[int], room: int, share: Share | None = None) -> int:
         """How many tokens this round proposes (0: a plain step), from the proposer's odds and the
@@ -580,30 +600,49 @@ class Speculator:
     def judge(self, cache, rows: np.ndarray) -> list:
         """The Pieces (or a None at an end of sequence) of the tokens this round makes: the drafts
         taken, then the target's own token. The cache keeps only the positions of the tokens taken;
-        the last Piece's token is not in it yet."""
+        the last Piece's token is not in it yet, nor what a constraint forced after it. A draft
+        taken that the constraint forces tokens after (Generation.step adds them) keeps the drafts
+        after it that are those tokens, and the round goes on past them; where they differ it ends,
+        the rest of the forced tokens left for the next call, as the plain path runs them."""
         gen, drafts = self.gen, self.drafts
         if not drafts:  # a plain step
             return [gen.step(rows[-1])]
-        start = cache.seq.pos - len(rows)
-        pieces = []
-        for i, draft in enumerate(drafts):
-            token = None if gen.sampler.params.greedy else self._test(rows[i], draft, self.qs[i])
+        rows = rows[self.lead:]  # row i judges draft i
+        start = cache.seq.pos - len(rows)  # the position of the row before the first draft
+        pieces, i = [], 0
+        while i < len(drafts):
+            token = None if gen.sampler.params.greedy else self._test(rows[i], drafts[i], self.qs[i])
             piece = gen.step(rows[i], token)  # greedy: the plain path's own step, the same token
             pieces.append(piece)
-            taken = piece is not None and piece.token_id == draft
+            taken = piece is not None and piece.token_id == drafts[i]
             if not taken or gen.finish_reason is not None:
                 self._record(len(drafts), i + taken)
+                cache.seq.truncate(start + 1 + i)
+                return pieces
+            i += 1
+            forced = piece.forced
+            same = 0
+            while same < len(forced) and i + same < len(drafts) and drafts[i + same] == forced[same]:
+                same += 1
+            i += same
+            if same < len(forced):
+                self._record(len(drafts), i)
                 cache.seq.truncate(start + 1 + i)
                 return pieces
         self._record(len(drafts), len(drafts))
         pieces.append(gen.step(rows[-1]))
         return pieces
 
-    def _choose(self, logits: np.ndarray, drafts: list[int]) -> tuple[int, tuple | None]:
+    def _choose(self, logits: np.ndarray, drafts: list[int]) -> tuple[int | None, tuple | None]:
         """A draft token from a proposer's logits and its q: greedy, the argmax after the penalties
-        (q a point mass: None); sampled, a draw from the draft's distribution."""
+        (q a point mass: None); sampled, a draw from the draft's distribution. Under a constraint,
+        among the tokens it would take after the drafts so far (None: none may follow them)."""
         gen = self.gen
         logits = fit_vocabulary(logits, self.vocab_size)
+        if gen.constraint is not None:
+            logits = gen.constraint.mask_after(drafts, logits)
+            if logits is None:
+                return None, None
         if gen.sampler.params.greedy:
             return self.draft_sampler.sample(logits, gen.ids, gen.generated + drafts), None
         ids, probs = self.draft_sampler.distribution(logits, gen.ids, gen.generated + drafts)
@@ -613,7 +652,8 @@ class Speculator:
         """The token rejection sampling takes at this row: draft with probability min(1, p/q),
         else a draw from max(0, p - q), renormalised."""
         gen = self.gen
-        ids, p = gen.sampler.distribution(row, gen.ids, gen.generated)
+        allowed = gen.constraint.mask(row) if gen.constraint is not None else row  # as Generation.step samples
+        ids, p = gen.sampler.distribution(allowed, gen.ids, gen.generated)
         dense_p = np.zeros(row.size)
         dense_p[ids] = p
         dense_q = np.zeros(row.size)
@@ -682,7 +722,7 @@ def decode(pool, gen):
                 return
             with pool.lock:
                 if pool.holds(cache, owner):
-                    rows = speculator.round(pool, cache, pieces[-1].token_id)
+                    rows = speculator.round(pool, cache)
                     pieces = speculator.judge(cache, rows)
                 else:  # the pool was full and another generation took this cache
                     cache, logits = pool.prefill(gen.context(), owner)

@@ -329,17 +329,30 @@ def test_the_server_speculates_with_its_flag_and_reports_the_counts(tmp_path):
     from server_helpers import ServerProcess, make_tiny_chat_checkpoint, request
 
     folder = make_tiny_chat_checkpoint(str(tmp_path / "chat"))
-    expected = pyllm.load(folder).generate(SHORT_PROMPT, max_tokens=24)
+    llm = pyllm.load(folder)
+    expected = llm.generate(SHORT_PROMPT, max_tokens=24)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 6}},
+              "required": ["a", "b"], "additionalProperties": False}
+    messages = [{"role": "user", "content": SHORT_PROMPT}]
+    constrained = llm.chat(messages, json_schema=schema, max_tokens=40)
     server = ServerProcess(folder, "--speculative", f"draft:{folder}", "--parallel", "1")  # takes every draft
     try:
         status, body = request(server.url, "POST", "/v1/completions",
                                {"model": "chat", "prompt": SHORT_PROMPT, "max_tokens": 24, "temperature": 0})
+        # a response_format's constraint judges the drafts as it does plain steps
+        fmt = {"type": "json_schema", "json_schema": {"name": "ab", "schema": schema}}
+        status_json, body_json = request(server.url, "POST", "/v1/chat/completions",
+                                         {"model": "chat", "messages": messages, "max_tokens": 40, "temperature": 0,
+                                          "response_format": fmt})
     finally:
         server.stop()
     assert status == 200, body
     assert body["choices"][0]["text"] == expected.text
     details = body["usage"]["completion_tokens_details"]
     assert details["accepted_prediction_tokens"] > 0 and details["rejected_prediction_tokens"] == 0
+    assert status_json == 200, body_json
+    assert body_json["choices"][0]["message"]["content"] == constrained.text
+    assert body_json["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
 
 
 def test_the_planner_drafts_long_along_a_long_match_and_passes_up_what_cannot_pay(tiny):

@@ -19,7 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field
 import pyllm
 from conftest import make_tiny_checkpoint
 from families import llama_cpp_converter
+from pyllm import speculative
+from pyllm.constraints import output_grammar
 from pyllm.errors import PyllmError
+from pyllm.generation import Generation
+from pyllm.sampling import SamplingParams
 from server_helpers import CHAT_TEMPLATE, ServerProcess, request
 
 
@@ -77,20 +81,160 @@ def test_every_sampler_gives_matching_output(tiny):
             "red", "green", "blue")
 
 
-def test_a_constrained_generation_does_not_speculate(tiny):
-    """The constraint's parser takes one token at a time, so speculative= leaves a constrained
-    generation (alone, in a list, streamed) exactly as it is without it, and its usage says no
-    proposer ran."""
-    plain = tiny.generate("The wheel", json_schema=PERSON, max_tokens=120)
-    for speculative in ("lookup", "self:1"):
-        got = tiny.generate("The wheel", json_schema=PERSON, max_tokens=120, speculative=speculative)
-        assert (got.text, got.finish_reason) == (plain.text, plain.finish_reason)
-        assert "speculative" not in got.usage
-        listed = tiny.generate(["The wheel", "The wheel"], json_schema=PERSON, max_tokens=120,
-                               speculative=speculative)
-        assert [c.text for c in listed] == [plain.text] * 2
-        assert "".join(tiny.stream("The wheel", json_schema=PERSON, max_tokens=120,
-                                   speculative=speculative)) == plain.text
+def _oracle(outputs: dict[tuple, list[int]], vocab_size: int, wrong: int | None = None):
+    """A proposer (in place of speculative.PromptLookup) that proposes what follows the context in
+    its generation's own plain output (outputs: prompt ids -> prompt and output, the tokens the
+    grammar forced among them): its drafts run through the forced tokens. From the draft at index
+    wrong on, every draft of a round is another token."""
+
+    class Oracle(speculative.PromptLookup):
+        def odds(self, context):
+            self.output = next(o for ids, o in outputs.items() if tuple(context[:len(ids)]) == ids)
+            return speculative.Odds(1.0), speculative.MAX_DRAFT
+
+        def rates(self):
+            while True:
+                yield 1.0  # always worth a round
+
+        def propose(self, context, k, choose):
+            drafts = list(self.output[len(context):len(context) + k])
+            if wrong is not None:
+                drafts[wrong:] = [(t + 1) % vocab_size for t in drafts[wrong:]]
+            return drafts, [None] * len(drafts)
+
+    return Oracle
+
+
+def _forced_calls(model, monkeypatch) -> list[int]:
+    """The tokens each plain step runs (the one chosen and any the grammar forced after it)."""
+    calls, step = [], model.pool.step
+
+    def counted(cache, token, forced=()):
+        calls.append(1 + len(forced))
+        return step(cache, token, forced)
+
+    monkeypatch.setattr(model.pool, "step", counted)
+    return calls
+
+
+def test_a_constrained_generation_speculates_and_gives_the_plain_tokens(tiny, tiny_folder, monkeypatch):
+    """Each draft is judged by the constraint as the plain path samples (masked, then consumed); a
+    draft taken that the grammar forces tokens after keeps the drafts that are those tokens and the
+    round goes on past them, and where a draft differs the forced rest runs in the next call; a draft
+    model drafts among the tokens the parser would take. Greedy, the tokens, logprobs and text are the
+    plain path's with every proposer, alone, in a list and streamed, and the usage counts the
+    proposals."""
+    monkeypatch.setattr(speculative.Speculator, "drafting", lambda self, k: 0.0)
+    monkeypatch.setattr(speculative.Speculator, "catch_up_cost", lambda self: 0.0)
+    same = pyllm.load(tiny_folder)  # a draft that is the target itself
+    regex = r"(yes|no), [0-9]{2} wheels are built once for each platform(\.| and [a-z]{3})"
+    for kind in ({"json_schema": PERSON}, {"regex": regex}):
+        plain = tiny.generate("The wheel", max_tokens=120, logprobs=2, **kind)
+        with monkeypatch.context() as m:  # the grammar forces runs of tokens in this output
+            calls = _forced_calls(tiny, m)
+            assert tiny.generate("The wheel", max_tokens=120, **kind).token_ids == plain.token_ids
+            assert max(calls) > 2
+        ids = tiny.prompt_ids("The wheel")
+        for wrong in (None, 0, 1, 2, 3, 5):
+            with monkeypatch.context() as m:
+                m.setattr(speculative, "PromptLookup", _oracle({tuple(ids): ids + plain.token_ids},
+                                                               tiny.vocab_size, wrong))
+                got = tiny.generate("The wheel", max_tokens=120, logprobs=2, speculative="lookup", **kind)
+            assert (got.token_ids, got.text, got.logprobs, got.finish_reason) == (
+                plain.token_ids, plain.text, plain.logprobs, plain.finish_reason), (kind, wrong)
+            counts = got.usage["speculative"]
+            assert counts["proposed"] > 0 and (counts["accepted"] > 0) == (wrong != 0)
+            if wrong is None:  # every draft taken, forced tokens and all: far fewer calls than tokens
+                assert counts["accepted"] == counts["proposed"] and counts["steps"] < len(plain.token_ids) // 3
+        for speculative_ in ("lookup", "self:1", same):
+            got = tiny.generate("The wheel", max_tokens=120, logprobs=2, speculative=speculative_, **kind)
+            assert (got.token_ids, got.logprobs) == (plain.token_ids, plain.logprobs)
+            if speculative_ is same:  # its drafts are masked by the constraint as the target's tokens are
+                counts = got.usage["speculative"]
+                assert counts["proposed"] > 0 and counts["accepted"] == counts["proposed"]
+            listed = tiny.generate(["The wheel", "The wheel"], max_tokens=120, speculative=speculative_, **kind)
+            assert [c.token_ids for c in listed] == [plain.token_ids] * 2
+            assert "".join(tiny.stream("The wheel", max_tokens=120, speculative=speculative_, **kind)) == plain.text
+
+
+def test_a_constrained_job_in_a_list_runs_its_forced_tokens_between_rounds(tiny, monkeypatch):
+    """In the engine a job whose round ends inside what the grammar forced runs the rest as a call
+    of its own (as a plain job's forced tokens), then speculates again: each job of a list gets the
+    tokens it gets alone."""
+    monkeypatch.setattr(speculative.Speculator, "drafting", lambda self, k: 0.0)
+    prompts = ["The wheel", "Its core picks", "A small model"]
+    alone = [tiny.generate(p, json_schema=PERSON, max_tokens=120) for p in prompts]
+    for wrong in (None, 2):
+        outputs = {tuple(tiny.prompt_ids(p)): tiny.prompt_ids(p) + c.token_ids for p, c in zip(prompts, alone)}
+        with monkeypatch.context() as m:
+            m.setattr(speculative, "PromptLookup", _oracle(outputs, tiny.vocab_size, wrong))
+            together = tiny.generate(prompts, json_schema=PERSON, max_tokens=120, speculative="lookup")
+        assert [c.token_ids for c in together] == [c.token_ids for c in alone], wrong
+        assert all(c.usage["speculative"]["proposed"] > 0 for c in together)
+
+
+@pytest.mark.parametrize("draft", ["allowed", "not allowed", "a draft's q"])
+def test_constrained_rejection_sampling_follows_the_masked_distribution(tiny, draft):
+    """A draft judged under a constraint: the tokens taken follow p, the target's distribution
+    after the mask, whether the draft is a token the parser takes, one it does not (taken never:
+    p gives it no mass) or drawn from a draft's own masked distribution."""
+    from scipy.stats import chisquare
+
+    gen = Generation(tiny, tiny.prompt_ids("x"), SamplingParams(temperature=1.0, seed=5), 8, None, None,
+                     output_grammar(regex="[a-m]+"))
+    spec = speculative.Speculator("test", speculative.PromptLookup(), gen, tiny.vocab_size)
+    rng = np.random.default_rng(0)
+    row = (rng.standard_normal(tiny.vocab_size) * 2).astype(np.float32)
+    draft_row = (row + rng.standard_normal(tiny.vocab_size) * 1.5).astype(np.float32)
+    ids, p = gen.sampler.distribution(gen.constraint.mask(row), gen.ids, gen.generated)
+    ids, p = ids[p > 0], p[p > 0]  # the tokens the parser takes
+    assert 3 < len(ids) < tiny.vocab_size // 2
+    banned = next(t for t in np.argsort(-row).tolist() if t not in set(ids.tolist()))
+    counts = dict.fromkeys(ids.tolist(), 0)
+    for _ in range(6000):
+        if draft == "a draft's q":
+            token, q = spec._choose(draft_row, [])
+            assert token in counts
+        else:
+            token, q = (int(ids[np.argmax(p)]) if draft == "allowed" else banned), None
+        counts[spec._test(row, token, q)] += 1  # a KeyError here: a token p gives no mass
+    observed = np.array([counts[i] for i in ids.tolist()])
+    assert chisquare(observed, p * observed.sum()).pvalue > 1e-3
+
+
+INVOICE = ("Invoice 4471 was issued on 12 March 2024 by Northwind Traders, 18 Harbour Road, Bristol, to "
+           "Contoso Ltd, 2 Mill Lane, Leeds, for 40 boxes of printer paper; 363.00 pounds are due within 30 days.")
+PARTY = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40},
+                                          "address": {"type": "string", "maxLength": 60}},
+         "required": ["name", "address"], "additionalProperties": False}
+INVOICE_SCHEMA = {"type": "object", "properties": {
+    "number": {"type": "string", "maxLength": 10}, "date": {"type": "string", "maxLength": 20},
+    "seller": PARTY, "buyer": PARTY, "total": {"type": "number"}},
+    "required": ["number", "date", "seller", "buyer", "total"], "additionalProperties": False}
+
+
+def test_the_real_q4_1_file_extracts_json_with_lookup_exactly(smollm2_gguf):
+    """Extraction, where lookup pays: the fields copy spans of the prompt. SmolLM2 Q4_1 under the
+    schema, greedy: the plain tokens, in fewer forward calls."""
+    llm = pyllm.load(smollm2_gguf, threads=2)
+    messages = [{"role": "user", "content": "Extract the invoice's fields as JSON.\n\n" + INVOICE}]
+    plain = llm.chat(messages, json_schema=INVOICE_SCHEMA, max_tokens=160)
+    fast = llm.chat(messages, json_schema=INVOICE_SCHEMA, max_tokens=160, speculative="lookup")
+    assert (fast.token_ids, fast.text, fast.finish_reason) == (plain.token_ids, plain.text, plain.finish_reason)
+    assert plain.finish_reason == "stop" and json.loads(plain.text)["seller"]["name"] == "Northwind Traders"
+    counts = fast.usage["speculative"]
+    assert counts["accepted"] > 10 and counts["steps"] < len(plain.token_ids) * 3 // 4
+
+
+def test_sampled_constrained_speculation_matches_and_keeps_the_seed_s_tokens(tiny):
+    """Sampled, rejection sampling weighs each draft by the masked distribution the plain path
+    samples from: the output matches, and a seed gives the same tokens run after run."""
+    for seed in range(4):
+        runs = [tiny.generate("The wheel", json_schema=PERSON, max_tokens=200, temperature=1.0, seed=seed,
+                              speculative="lookup") for _ in range(2)]
+        assert runs[0].token_ids == runs[1].token_ids
+        if runs[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(runs[0].text), PERSON)
 
 
 def test_grammars_lark_and_gbnf(tiny):
