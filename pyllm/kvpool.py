@@ -160,9 +160,10 @@ class KVPool:
         return logits
 
     def verify(self, cache: Cache, tokens: list[int]) -> np.ndarray:
-        """Runs tokens (a chosen token and the ones proposed after it) in cache as one forward call:
-        logits (len(tokens), vocab), each row the bits of that token's own step when len(tokens) is
-        at most cache.seq.exact_rows. The caller truncates the cache to the tokens it keeps."""
+        """Runs tokens (those the cache lacks: a chosen token, any a constraint forced after it; then
+        the ones proposed after them) in cache as one forward call: logits (len(tokens), vocab), each
+        row the bits of that token's own step when len(tokens) is at most cache.seq.exact_rows. The
+        caller truncates the cache to the tokens it keeps."""
         logits = cache.seq.forward(tokens, all_logits=True)
         self._touch(cache)
         return logits

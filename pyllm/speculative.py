@@ -434,6 +434,7 @@ class Speculator:
         self.rounds = 0  # rounds that proposed
         self.missed = False  # a draft was turned down
         self.expected = 1.0  # the tokens this round's plan expects it to make
+        self.lead = 0  # the rows of this round's call before the one that judges its first draft
         self.odds: Odds | None = None  # the kind of this round's proposal
         self.proposed = self.accepted = 0
         self.steps = 0  # forward calls of the model while decoding: plain steps and verifying calls
@@ -465,7 +466,7 @@ class Speculator:
         tokens = self.prepare(cache)
         start = time.perf_counter()
         rows = pool.verify(cache, tokens) if self.drafts else pool.step(cache, tokens[0], tokens[1:])[None]
-        if self.timed:
+        if self.timed and (self.drafts or len(tokens) == 1):  # a step with forced tokens has one row of logits
             self.costs.record(len(tokens), time.perf_counter() - start)
         return rows
 
@@ -482,7 +483,7 @@ class Speculator:
         context = self.context
         context += gen.generated[len(context) - len(gen.ids):]
         pending = context[cache.seq.pos:]
-        self.lead = len(pending) - 1  # rows before the one that judges the first draft
+        self.lead = len(pending) - 1
         share.rows += self.lead
         room = min(gen.max_tokens - len(gen.generated),  # the last row would go unused past these
                    gen.n_ctx - cache.seq.pos - len(pending), cache.seq.exact_rows - len(pending))

@@ -368,6 +368,32 @@ def test_property_completed_outputs_validate(tiny, schema, params):
         assert len(c.token_ids) == 300
 
 
+@pytest.fixture(scope="module")
+def tiny_draft(tiny_folder):
+    """The tiny model again, as a draft: its greedy drafts under the constraint are the target's tokens."""
+    return pyllm.load(tiny_folder)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(schema=_objects(_schemas()), params=SAMPLING, stop=st.sampled_from([None, ",", "]"]),
+       logprobs=st.sampled_from([None, 2]))
+def test_property_speculation_under_a_schema_changes_nothing(tiny, tiny_draft, schema, params, stop, logprobs):
+    """Random schemas, stop strings and logprobs (which run forced tokens as steps of their own):
+    greedy, lookup and a draft give the plain constrained output; sampled, it still matches."""
+    schema = {**schema, "$defs": {"color": {"enum": ["red", "green"]}}}
+    kwargs = {"json_schema": schema, "max_tokens": 150, "stop": stop, "logprobs": logprobs}
+    plain = tiny.generate("The wheel", **kwargs)
+    for proposer in ("lookup", tiny_draft):
+        got = tiny.generate("The wheel", speculative=proposer, **kwargs)
+        assert (got.token_ids, got.text, got.finish_reason, got.logprobs) == (
+            plain.token_ids, plain.text, plain.finish_reason, plain.logprobs)
+    sampled = tiny.generate("The wheel", json_schema=schema, max_tokens=300, speculative="lookup", **params)
+    if sampled.finish_reason == "stop":
+        jsonschema.validate(json.loads(sampled.text), schema)
+    else:
+        assert len(sampled.token_ids) == 300
+
+
 # ---- the server ---------------------------------------------------------------------------------------
 
 
