@@ -439,11 +439,25 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--yes", "-y", action="store_true", help="remove without asking (needed off a terminal)")
     rm.set_defaults(func=_rm)
 
+    parser.commands = sub.choices  # name -> its subparser, for parse()
     return parser
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's arguments. argparse takes a subcommand's positionals only from their
+    first run between options ("pyllm run MODEL --max-tokens 5 PROMPT" was refused), so the
+    subcommand's own parser takes them intermixed with its options."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in parser.commands:
+        args = parser.commands[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+        return args
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         return args.func(args)
     except (PyllmError, ValueError) as e:

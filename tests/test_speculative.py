@@ -277,6 +277,9 @@ def test_the_cli_runs_with_speculation(checkpoint, capsys):
     expected = pyllm.load(folder).generate(PROMPT, max_tokens=16).text
     assert main(["run", folder, PROMPT, "--max-tokens", "16", "--speculative", "lookup"]) == 0
     assert capsys.readouterr().out == expected + "\n"
+    # options between the model and the prompt, as people type them
+    assert main(["run", folder, "--speculative", "lookup", "--max-tokens", "16", PROMPT]) == 0
+    assert capsys.readouterr().out == expected + "\n"
 
 
 def test_the_real_q4_1_file_speculates_exactly(smollm2_gguf):

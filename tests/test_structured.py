@@ -615,6 +615,12 @@ def test_cli_run_with_a_schema_or_a_grammar(tiny_folder, tmp_path):
     assert out.returncode == 0 and out.stdout.strip() in ("yes", "no"), out.stderr
     out = run("--grammar", str(tmp_path / "missing.gbnf"))
     assert out.returncode == 1 and "--grammar" in out.stderr and "Traceback" not in out.stderr
+    # the options before the prompt, with speculation: the same answer as without it
+    plain = run("--json-schema", str(schema), "--max-tokens", "200")
+    out = subprocess.run([sys.executable, "-m", "pyllm", "run", tiny_folder, "--json-schema", str(schema),
+                          "--speculative", "lookup", "--max-tokens", "200", "The wheel"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == plain.stdout, out.stderr
 
 
 def test_llama3_template_calls_are_constrained_and_parsed(tiny):
