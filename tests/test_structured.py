@@ -467,6 +467,7 @@ def qwen_server(checkpoint, tmp_path_factory):
     with open(path, "w") as f:
         json.dump({**config, "chat_template": template}, f)
     s = ServerProcess(folder, "--parallel", "2")
+    s.folder = folder
     yield s
     s.stop()
 
@@ -519,6 +520,36 @@ def test_tool_call_round_trip(qwen_server):
     assert message.tool_calls or not message.content.startswith("<tool")
     for call in message.tool_calls or []:
         _check_call(call)
+
+
+def test_tool_calls_of_a_speculating_server_are_the_plain_ones(qwen_server):
+    """`pyllm serve --speculative lookup`: the tool-call grammar judges the drafts; greedy, the calls
+    (streamed or not) and a response_format's JSON are the plain server's, and the usage counts the
+    proposals."""
+    fast = ServerProcess(qwen_server.folder, "--parallel", "2", "--speculative", "lookup")
+    try:
+        replies = []
+        for server in (qwen_server, fast):
+            client = server.client()
+            name = client.models.list().data[0].id
+            messages = [{"role": "user", "content": "What is the weather in Paris, and in Rome, and in Oslo?"}]
+            calls = client.chat.completions.create(model=name, messages=messages, tools=[WEATHER, TIME],
+                                                   tool_choice="required", max_tokens=160, temperature=0)
+            streamed = _streamed_calls(client.chat.completions.create(
+                model=name, messages=messages, tools=[WEATHER, TIME], tool_choice="required", max_tokens=160,
+                temperature=0, stream=True))
+            as_json = client.chat.completions.create(
+                model=name, messages=messages, max_tokens=200, temperature=0,
+                response_format={"type": "json_schema", "json_schema": {"name": "w",
+                                                                        "schema": WEATHER["function"]["parameters"]}})
+            replies.append(([(c.function.name, c.function.arguments) for c in calls.choices[0].message.tool_calls],
+                            [(c["name"], c["arguments"]) for c in streamed[0]], as_json.choices[0].message.content,
+                            calls.usage.completion_tokens_details))
+    finally:
+        fast.stop()
+    plain, spec = replies
+    assert plain[:3] == spec[:3] and plain[0] and plain[1] == plain[0]
+    assert spec[3] is not None and spec[3].accepted_prediction_tokens + spec[3].rejected_prediction_tokens > 0
 
 
 def _streamed_calls(stream) -> tuple[list[dict], int, str | None]:
