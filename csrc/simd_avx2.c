@@ -85,8 +85,18 @@ PL_TARGET_AVX2 static void axpy_f32_avx2(float *y, float a, const float *x, int6
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+/* Attention's q · k over an f16 key: one chain of fused multiply-adds over the 8-lane chunks in
+ * order, then hsum256 and the scalar tail. Its order is dot_f16_qk's (below), which runs several
+ * keys' and queries' chains at once; a chain per key rather than DOT_BODY's four leaves nothing to
+ * add up before the reduction, and its latency is hidden by the other keys' chains there. */
+PL_TARGET_AVX2 static inline __m256 attn_f16_lanes(const uint16_t *k, const float *q, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(load_f16(k + i), _mm256_loadu_ps(q + i), acc);
+    return acc;
+}
+
 PL_TARGET_AVX2 static float dot_f16_avx2(const float *q, const uint16_t *k, int64_t n) {
-    return vec_dot_f16_avx2(k, q, n);
+    return dot_f16_tail(hsum256(attn_f16_lanes(k, q, n)), k, q, n);
 }
 
 PL_TARGET_AVX2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
@@ -113,8 +123,8 @@ PL_TARGET_AVX2 static inline __m256 hsum256x8(const __m256 *v) {
     return _mm256_hadd_ps(t0145, t2367);
 }
 
-/* DOT_BODY's lanes for two queries against one key: each key chunk loaded (an f16 one widened)
- * once for both, every accumulator's operations those of DOT_BODY (a·b = b·a, fma alike). */
+/* DOT_BODY's lanes for two queries against one key (an f32 cache's): each key chunk loaded once
+ * for both, every accumulator's operations those of DOT_BODY (a·b = b·a, fma alike). */
 #define DOT_LANES_PAIR(NAME, KT, LOAD_K)                                                                  \
     PL_TARGET_AVX2 static inline void NAME(const KT *k, const float *q0, const float *q1, int64_t n,     \
                                            __m256 *out0, __m256 *out1) {                                 \
@@ -142,12 +152,10 @@ PL_TARGET_AVX2 static inline __m256 hsum256x8(const __m256 *v) {
         *out1 = _mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3));                             \
     }
 DOT_LANES_PAIR(dot_f32_lanes_pair, float, _mm256_loadu_ps)
-DOT_LANES_PAIR(dot_f16_lanes_pair, uint16_t, load_f16)
 
-/* Eight keys at a time, each query's eight reductions transposed together (the reductions, not
- * the loads, dominate 64-element dots), the queries two by two so that each key chunk is loaded
- * and widened once per pair (halving the f16 conversions, which bound the f16 kernel); the keys
- * past the last eight one at a time. */
+/* An f32 cache's keys eight at a time, each query's eight reductions transposed together (the
+ * reductions, not the loads, dominate 64-element dots), the queries two by two so that each key
+ * chunk is loaded once per pair; the keys past the last eight one at a time. */
 #define DOT_QK_AVX2(NAME, KT, LANES, PAIR, TAIL, SINGLE)                                                  \
     PL_TARGET_AVX2 static void NAME(const float *const *qs, int nq, const KT *k, int64_t ldk, int nk,    \
                                     int64_t n, float *out, int64_t ldo) {                                \
@@ -182,7 +190,66 @@ PL_TARGET_AVX2 static inline float dot_f32_tail_kq(float s, const float *k, cons
     return dot_f32_tail(s, q, k, n);
 }
 DOT_QK_AVX2(dot_f32_qk_avx2, float, dot_f32_lanes_kq, dot_f32_lanes_pair, dot_f32_tail_kq, dot_f32_avx2)
-DOT_QK_AVX2(dot_f16_qk_avx2, uint16_t, dot_f16_lanes, dot_f16_lanes_pair, dot_f16_tail, dot_f16_avx2)
+
+/* attn_f16_lanes of four keys against two queries at once: eight chains in flight (their latency
+ * hidden), each key chunk loaded and widened once for both queries (the widening bounds this
+ * kernel), each query chunk loaded once for the four keys. */
+PL_TARGET_AVX2 static inline void attn_f16_lanes_4x2(const uint16_t *k, int64_t ldk, const float *q0, const float *q1,
+                                                     int64_t n, __m256 *v, __m256 *w) {
+    __m256 a[4], b[4];
+    for (int u = 0; u < 4; u++) a[u] = b[u] = _mm256_setzero_ps();
+    for (int64_t i = 0; i + 8 <= n; i += 8) {
+        __m256 x0 = _mm256_loadu_ps(q0 + i), x1 = _mm256_loadu_ps(q1 + i);
+        for (int u = 0; u < 4; u++) {
+            __m256 key = load_f16(k + u * ldk + i);
+            a[u] = _mm256_fmadd_ps(key, x0, a[u]);
+            b[u] = _mm256_fmadd_ps(key, x1, b[u]);
+        }
+    }
+    for (int u = 0; u < 4; u++) v[u] = a[u], w[u] = b[u];
+}
+
+/* attn_f16_lanes of eight keys against one query: eight chains in flight. */
+PL_TARGET_AVX2 static inline void attn_f16_lanes_8x1(const uint16_t *k, int64_t ldk, const float *q, int64_t n,
+                                                     __m256 *v) {
+    __m256 a[8];
+    for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
+    for (int64_t i = 0; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(q + i);
+        for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(load_f16(k + u * ldk + i), x, a[u]);
+    }
+    for (int u = 0; u < 8; u++) v[u] = a[u];
+}
+
+/* dot_f16_avx2 for every query against every key: eight keys at a time, each query's eight
+ * reductions transposed together (hsum256x8), the queries two by two; the keys past the last eight
+ * one at a time. */
+PL_TARGET_AVX2 static void dot_f16_qk_avx2(const float *const *qs, int nq, const uint16_t *k, int64_t ldk, int nk,
+                                           int64_t n, float *out, int64_t ldo) {
+    int j = 0;
+    for (; j + 8 <= nk; j += 8) {
+        const uint16_t *kj = k + j * ldk;
+        int i = 0;
+        for (; i + 2 <= nq; i += 2) {
+            __m256 v[8], w[8];
+            attn_f16_lanes_4x2(kj, ldk, qs[i], qs[i + 1], n, v, w);
+            attn_f16_lanes_4x2(kj + 4 * ldk, ldk, qs[i], qs[i + 1], n, v + 4, w + 4);
+            _mm256_storeu_ps(out + i * ldo + j, hsum256x8(v));
+            _mm256_storeu_ps(out + (i + 1) * ldo + j, hsum256x8(w));
+        }
+        if (i < nq) {
+            __m256 v[8];
+            attn_f16_lanes_8x1(kj, ldk, qs[i], n, v);
+            _mm256_storeu_ps(out + i * ldo + j, hsum256x8(v));
+        }
+        if (n & 7)
+            for (i = 0; i < nq; i++)
+                for (int u = 0; u < 8; u++)
+                    out[i * ldo + j + u] = dot_f16_tail(out[i * ldo + j + u], kj + u * ldk, qs[i], n);
+    }
+    for (; j < nk; j++)
+        for (int i = 0; i < nq; i++) out[i * ldo + j] = dot_f16_avx2(qs[i], k + j * ldk, n);
+}
 
 /* y += w[j]·x[j] for rows j = 0 .. nr - 1 in order, each element by the fused multiply-add (or, past
  * the last multiple of 8, the scalar expression) that axpy gives it, with a 32-wide slab of y held
