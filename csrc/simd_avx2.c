@@ -192,8 +192,8 @@ PL_TARGET_AVX2 static inline float dot_f32_tail_kq(float s, const float *k, cons
 DOT_QK_AVX2(dot_f32_qk_avx2, float, dot_f32_lanes_kq, dot_f32_lanes_pair, dot_f32_tail_kq, dot_f32_avx2)
 
 /* attn_f16_lanes of four keys against two queries at once: eight chains in flight (their latency
- * hidden), each key chunk loaded and widened once for both queries (the widening bounds this
- * kernel), each query chunk loaded once for the four keys. */
+ * hidden), each key chunk loaded and widened once for both queries, each query chunk loaded once
+ * for the four keys. */
 PL_TARGET_AVX2 static inline void attn_f16_lanes_4x2(const uint16_t *k, int64_t ldk, const float *q0, const float *q1,
                                                      int64_t n, __m256 *v, __m256 *w) {
     __m256 a[4], b[4];
