@@ -4,8 +4,8 @@
 
 Tasks: editing (a ~400-token function with one change asked for, the whole function back), a summary
 of a given text, free chat, and extraction (an order's details from an email, as JSON under a schema:
-the constraint judges every token, plain and speculative alike). Targets: SmolLM2-135M-Instruct Q4_1 (proposers lookup and self:N),
-and the same model as a bf16 folder (f32 compute; proposers lookup, self:N and a draft: the Q4_1 file,
+the constraint judges every token, plain and speculative alike). Targets: SmolLM2-135M-Instruct Q4_1
+(proposers lookup and self:N), and the same model as a bf16 folder (f32 compute; proposers lookup, self:N and a draft: the Q4_1 file,
 same tokenizer, a third of the bytes). Every speculative output is checked to be the plain output
 token for token. Decode tok/s = (tokens - 1) / (generation time - the time to the first token,
 measured alone), each from a fresh cache; best of --rounds, the settings taking turns; the last column
@@ -14,9 +14,10 @@ per-round ratios say more than the best of each). Forward calls:
 the model's calls after the prompt (plain: one per token, but the tokens a constraint forces run in
 the call before them), which no load on the machine changes.
 --tasks and --targets take subsets (--targets gemma3: Gemma 3 270M Q4_K_M, lookup and self:14).
---together runs the tasks at once instead (but extraction: a list shares one constraint), one request each, as a list (Model.generate's engine:
-one call a step for all of them, each job's proposals in it); decode tok/s is then every job's
-tokens after its first over the time past the list's prefill.
+--together runs the tasks at once instead (but extraction: a list shares one constraint), one
+request each, as a list (Model.generate's engine: one call a step for all of them, each job's
+proposals in it); decode tok/s is then every job's tokens after its first over the time past the
+list's prefill.
 Prints a Markdown table and the machine.
 """
 from __future__ import annotations
@@ -214,8 +215,9 @@ def main() -> None:
                   for task, messages in tasks().items() if task in args.tasks.split(",")}
         settings = ["off"] + [drafted if proposer == "draft" else proposer for proposer in proposers]
         if args.together:
-            id_lists = [ids for task, ids in chosen.items() if task not in CONSTRAINED]  # a list shares its constraint
-            name, n_prompt = " + ".join(t for t in chosen if t not in CONSTRAINED) + " at once", "+".join(str(len(ids)) for ids in id_lists)
+            together = {task: ids for task, ids in chosen.items() if task not in CONSTRAINED}  # a list shares one
+            id_lists = list(together.values())
+            name, n_prompt = " + ".join(together) + " at once", "+".join(str(len(ids)) for ids in id_lists)
             (plain, decode0, total0, plain_rounds), *runs = timed(llm, id_lists, args.max_tokens, settings, args.rounds)
             n = sum(len(out.token_ids) for out in plain)
             row(os.path.basename(source), name, n_prompt, "plain", n, n - len(plain), "", decode0, total0, 1.0)

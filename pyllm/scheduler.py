@@ -97,7 +97,7 @@ class Job:
         if self.gen.finish_reason is not None:
             self.finish()
             return False
-        pending = self.gen.context()[self.cache.seq.pos:]
+        pending = self.gen.generated[self.cache.seq.pos - len(self.gen.ids):]  # the prompt is in the cache
         self.next_token, self.forced, self.chosen = pending[0], pending[1:], True
         return True
 

@@ -215,7 +215,8 @@ INVOICE_SCHEMA = {"type": "object", "properties": {
 
 def test_the_real_q4_1_file_extracts_json_with_lookup_exactly(smollm2_gguf):
     """Extraction, where lookup pays: the fields copy spans of the prompt. SmolLM2 Q4_1 under the
-    schema, greedy: the plain tokens, in fewer forward calls."""
+    schema, greedy: the plain tokens, in fewer forward calls; with the file as its own draft, and
+    under a regex and choices too."""
     llm = pyllm.load(smollm2_gguf, threads=2)
     messages = [{"role": "user", "content": "Extract the invoice's fields as JSON.\n\n" + INVOICE}]
     plain = llm.chat(messages, json_schema=INVOICE_SCHEMA, max_tokens=160)
@@ -224,6 +225,14 @@ def test_the_real_q4_1_file_extracts_json_with_lookup_exactly(smollm2_gguf):
     assert plain.finish_reason == "stop" and json.loads(plain.text)["seller"]["name"] == "Northwind Traders"
     counts = fast.usage["speculative"]
     assert counts["accepted"] > 10 and counts["steps"] < len(plain.token_ids) * 3 // 4
+    # the quantized file as its own draft: masked by the same parser, every draft is taken
+    drafted = llm.chat(messages, json_schema=INVOICE_SCHEMA, max_tokens=160, speculative=pyllm.load(smollm2_gguf))
+    assert drafted.token_ids == plain.token_ids
+    assert drafted.usage["speculative"]["accepted"] == drafted.usage["speculative"]["proposed"] > 10
+    # a regex and choices, with lookup: the plain tokens
+    for kind in ({"regex": r"Invoice [0-9]+ is due in [0-9]+ days\."}, {"choices": ["Bristol", "Leeds", "Contoso"]}):
+        alone = llm.chat(messages, max_tokens=40, **kind)
+        assert llm.chat(messages, max_tokens=40, speculative="lookup", **kind).token_ids == alone.token_ids, kind
 
 
 def test_sampled_constrained_speculation_matches_and_keeps_the_seed_s_tokens(tiny):
