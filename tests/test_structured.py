@@ -225,10 +225,11 @@ def test_the_real_q4_1_file_extracts_json_with_lookup_exactly(smollm2_gguf):
     assert plain.finish_reason == "stop" and json.loads(plain.text)["seller"]["name"] == "Northwind Traders"
     counts = fast.usage["speculative"]
     assert counts["accepted"] > 10 and counts["steps"] < len(plain.token_ids) * 3 // 4
-    # the quantized file as its own draft: masked by the same parser, every draft is taken
+    # the quantized file as its own draft: masked by the same parser, every draft it proposes is taken
+    # (as large as the target, it is priced out after its first rounds: how many depends on timings)
     drafted = llm.chat(messages, json_schema=INVOICE_SCHEMA, max_tokens=160, speculative=pyllm.load(smollm2_gguf))
     assert drafted.token_ids == plain.token_ids
-    assert drafted.usage["speculative"]["accepted"] == drafted.usage["speculative"]["proposed"] > 10
+    assert drafted.usage["speculative"]["accepted"] == drafted.usage["speculative"]["proposed"] > 0
     # a regex and choices, with lookup: the plain tokens
     for kind in ({"regex": r"Invoice [0-9]+ is due in [0-9]+ days\."}, {"choices": ["Bristol", "Leeds", "Contoso"]}):
         alone = llm.chat(messages, max_tokens=40, **kind)
