@@ -101,6 +101,31 @@ def family_checkpoint(checkpoint):
     return checkpoint
 
 
+@pytest.fixture
+def untimed_costs(monkeypatch):
+    """Speculation priced by the fixed cost model (a one-token step the unit, each further row
+    ROW_COST of it), never by calls timed: how many rounds a test sees then does not depend on the
+    machine's load (a busy CI machine priced rounds out that a quiet one ran)."""
+    import weakref
+
+    from pyllm import scheduler, speculative
+
+    class Untimed(speculative.Costs):
+        def __init__(self):
+            super().__init__()
+            self.step = 1.0  # in steps already: drafting timed in seconds against it comes to ~0
+
+        def record(self, rows: int, seconds: float) -> None:
+            pass
+
+    kept = weakref.WeakKeyDictionary()
+
+    def costs_of(model):
+        return kept.setdefault(model, Untimed())
+    monkeypatch.setattr(speculative, "costs_of", costs_of)
+    monkeypatch.setattr(scheduler, "costs_of", costs_of)
+
+
 @pytest.fixture(scope="session")
 def converted_gguf(tmp_path_factory):
     """(folder, outtype) -> llama.cpp's conversion of a checkpoint folder, made once per session (the

@@ -319,12 +319,19 @@ def test_the_authorization_scheme_is_case_insensitive(strict):
 # ---- 3: shutdown with requests in flight -----------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    """The tiny checkpoint with 32k positions: a 4000-token stream of it could end inside the grace
+    on a fast machine; 30,000 tokens, each attending over all before it, cannot."""
+    return make_tiny_chat_checkpoint(str(tmp_path_factory.mktemp("deep")), HOSTILE_TEMPLATE, positions=32768)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_shutdown_lets_running_requests_finish_then_answers_503(folder, sig):
-    server = ServerProcess(folder, "--parallel", "6", "--shutdown-grace", "3", "--log-level", "info")
+def test_shutdown_lets_running_requests_finish_then_answers_503(deep, sig):
+    server = ServerProcess(deep, "--parallel", "6", "--n-ctx", "32768", "--shutdown-grace", "3", "--log-level", "info")
     try:
         mid = mid_of(server)
-        long = {"model": mid, "max_tokens": 4000, "temperature": 0, "logit_bias": NO_EOS}
+        long = {"model": mid, "max_tokens": 30000, "temperature": 0, "logit_bias": NO_EOS}
         streams = []
         for i in range(4):
             path, extra = (("/v1/completions", {"prompt": "the license"}) if i % 2 else

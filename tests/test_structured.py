@@ -117,7 +117,7 @@ def _forced_calls(model, monkeypatch) -> list[int]:
     return calls
 
 
-def test_a_constrained_generation_speculates_and_gives_the_plain_tokens(tiny, tiny_folder, monkeypatch):
+def test_a_constrained_generation_speculates_and_gives_the_plain_tokens(tiny, tiny_folder, monkeypatch, untimed_costs):
     """Each draft is judged by the constraint as the plain path samples (masked, then consumed); a
     draft taken that the grammar forces tokens after keeps the drafts that are those tokens and the
     round goes on past them, and where a draft differs the forced rest runs in the next call; a draft
@@ -157,7 +157,7 @@ def test_a_constrained_generation_speculates_and_gives_the_plain_tokens(tiny, ti
             assert "".join(tiny.stream("The wheel", max_tokens=120, speculative=speculative_, **kind)) == plain.text
 
 
-def test_a_constrained_job_in_a_list_runs_its_forced_tokens_between_rounds(tiny, monkeypatch):
+def test_a_constrained_job_in_a_list_runs_its_forced_tokens_between_rounds(tiny, monkeypatch, untimed_costs):
     """In the engine a job whose round ends inside what the grammar forced runs the rest as a call
     of its own (as a plain job's forced tokens), then speculates again: each job of a list gets the
     tokens it gets alone."""
@@ -213,7 +213,7 @@ INVOICE_SCHEMA = {"type": "object", "properties": {
     "required": ["number", "date", "seller", "buyer", "total"], "additionalProperties": False}
 
 
-def test_the_real_q4_1_file_extracts_json_with_lookup_exactly(smollm2_gguf):
+def test_the_real_q4_1_file_extracts_json_with_lookup_exactly(smollm2_gguf, untimed_costs):
     """Extraction, where lookup pays: the fields copy spans of the prompt. SmolLM2 Q4_1 under the
     schema, greedy: the plain tokens, in fewer forward calls; with the file as its own draft, and
     under a regex and choices too."""
@@ -226,7 +226,6 @@ def test_the_real_q4_1_file_extracts_json_with_lookup_exactly(smollm2_gguf):
     counts = fast.usage["speculative"]
     assert counts["accepted"] > 10 and counts["steps"] < len(plain.token_ids) * 3 // 4
     # the quantized file as its own draft: masked by the same parser, every draft it proposes is taken
-    # (as large as the target, it is priced out after its first rounds: how many depends on timings)
     drafted = llm.chat(messages, json_schema=INVOICE_SCHEMA, max_tokens=160, speculative=pyllm.load(smollm2_gguf))
     assert drafted.token_ids == plain.token_ids
     assert drafted.usage["speculative"]["accepted"] == drafted.usage["speculative"]["proposed"] > 0
