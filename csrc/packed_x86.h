@@ -633,6 +633,144 @@ PX_TARGET static ALWAYS_INLINE void q5_K_tile(const pl_block_q5_Kx8 *w, int64_t 
     k4_tile((const char *)w, (int64_t)sizeof *w, 1, nb, x, xs, T, y, ldy, rows_left, pf, pf_bytes, off);
 }
 
+#if PX_VNNI == 1
+/* ---------------------------------------------------------------- two groups on 64-byte registers
+ * A prefill's q4_K / q5_K tile over two groups at once on AVX-512's 64-byte registers: group A's 8
+ * rows in dword lanes 0-7, group B's in 8-15, so that each activation dword, broadcast once from
+ * memory by vpdpbusd ({1to16}), serves 16 weight rows where a 32-byte tile's serves 8. Lane by lane
+ * the operations of k4_tile, in its order: the same bits. */
+
+/* Group A's register at a and group B's at b as one: A's in the low half. */
+PX_TARGET static inline __m512i join_groups(const void *a, const void *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
+PX_TARGET static inline __m512i join_halves(__m256i a, __m256i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+
+PX_TARGET static inline __m512i dot_bcast_add16(__m512i acc, __m512i u, const int8_t *p) {
+#if defined(__GNUC__) || defined(__clang__)
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+#else
+    int32_t v;
+    memcpy(&v, p, 4);
+    acc = _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(v));
+#endif
+    return acc;
+}
+
+/* k4_block_sums of block b of groups A and B at once. */
+PX_TARGET static ALWAYS_INLINE void k4_pair_block_sums(const pl_block_q4_Kx8 *ba, const pl_block_q4_Kx8 *bb,
+                                                       const int five, const char *x, int64_t xs, int64_t b,
+                                                       const int T, __m512i *isum, const char **next,
+                                                       const char *end, const int lines) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F), byte0 = _mm512_set1_epi32(0xFF), bit4 = _mm512_set1_epi8(0x10);
+    __m256i sa[2], sb[2];
+    k4x8_words(ba, &sa[0], &sa[1], 0);
+    k4x8_words(bb, &sb[0], &sb[1], 0);
+    const __m512i sc[2] = {join_halves(sa[0], sb[0]), join_halves(sa[1], sb[1])};
+    UNROLLED for (int t = 0; t < T; t++) isum[t] = _mm512_setzero_si512();
+    UNROLLED for (int c = 0; c < 4; c++) {
+        prefetch_some(next, end, lines);
+        __m512i lo_sum[TILE_ROWS], hi_sum[TILE_ROWS];
+        UNROLLED for (int k = 0; k < 8; k++) {
+            __m512i v = join_groups(ba->qs + 256 * c + 32 * k, bb->qs + 256 * c + 32 * k);
+            __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            if (five) { /* bits 2c and 2c + 1 of each fifth-bits byte onto bit 4, as k5_fifth_bits */
+                __m512i hb = join_groups(((const pl_block_q5_Kx8 *)ba)->qh + 32 * k,
+                                         ((const pl_block_q5_Kx8 *)bb)->qh + 32 * k);
+                const int j0 = 2 * c, j1 = 2 * c + 1;
+                __m512i h0 = j0 < 4 ? _mm512_slli_epi16(hb, 4 - j0) : j0 > 4 ? _mm512_srli_epi16(hb, j0 - 4) : hb;
+                __m512i h1 = j1 < 4 ? _mm512_slli_epi16(hb, 4 - j1) : _mm512_srli_epi16(hb, j1 - 4);
+                lo = _mm512_or_si512(lo, _mm512_and_si512(h0, bit4));
+                hi = _mm512_or_si512(hi, _mm512_and_si512(h1, bit4));
+            }
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+                if (k == 0) lo_sum[t] = hi_sum[t] = _mm512_setzero_si512();
+                lo_sum[t] = dot_bcast_add16(lo_sum[t], lo, xb->qs + 64 * c + 4 * k);
+                hi_sum[t] = dot_bcast_add16(hi_sum[t], hi, xb->qs + 64 * c + 32 + 4 * k);
+            }
+        }
+        __m512i lo_scale = _mm512_and_si512(_mm512_srli_epi32(sc[c / 2], 16 * (c % 2)), byte0);
+        __m512i hi_scale = _mm512_and_si512(_mm512_srli_epi32(sc[c / 2], 16 * (c % 2) + 8), byte0);
+        UNROLLED for (int t = 0; t < T; t++) {
+            isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(lo_sum[t], lo_scale));
+            isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(hi_sum[t], hi_scale));
+        }
+    }
+}
+
+/* k4_tile over groups A (wa) and B (wa + group_bytes): y[t·ldy + r] for their 16 rows, the first
+ * rows_left of them written. */
+PX_TARGET static ALWAYS_INLINE void k4_pair_tile(const char *wa, const int64_t bs, const int five, int64_t nb,
+                                                 const char *x, int64_t xs, const int T, float *y, int64_t ldy,
+                                                 int64_t rows_left, const char *pf, int64_t pf_bytes,
+                                                 const int32_t *off) {
+    const char *wb = wa + nb * bs;
+#define KA(b) ((const pl_block_q4_Kx8 *)(wa + (b) * bs))
+#define KB2(b) ((const pl_block_q4_Kx8 *)(wb + (b) * bs))
+    const int lines = (int)((pf_bytes / 64 + 3) / 4);
+    __m512 sd[TILE_ROWS];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *next = pf + b * pf_bytes, *end = next + pf_bytes;
+        __m512i isum[TILE_ROWS];
+        k4_pair_block_sums(KA(b), KB2(b), five, x, xs, b, T, isum, &next, end, lines);
+        __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)KA(b)->d)),
+            _mm_loadu_si128((const __m128i *)KB2(b)->d), 1));
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+            __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xb->d));
+            sd[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), scale, sd[t]);
+        }
+    }
+    const __m512i even = _mm512_set1_epi32(0x00FF00FF);
+    __m512 sm[TILE_ROWS];
+    UNROLLED for (int t = 0; t < T; t++) sm[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i ma[2], mb[2];
+        k4x8_words(KA(b), &ma[0], &ma[1], 1);
+        k4x8_words(KB2(b), &mb[0], &mb[1], 1);
+        const __m512i mn[2] = {join_halves(ma[0], mb[0]), join_halves(ma[1], mb[1])};
+        __m512 dmin = _mm512_cvtph_ps(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)KA(b)->dmin)),
+            _mm_loadu_si128((const __m128i *)KB2(b)->dmin), 1));
+        __m512i mins[4] = {_mm512_and_si512(mn[0], even), _mm512_srli_epi16(mn[0], 8),
+                           _mm512_and_si512(mn[1], even), _mm512_srli_epi16(mn[1], 8)};
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
+            const int32_t *pairs = off + 4 * (t * nb + b);
+            __m512i imin = _mm512_madd_epi16(mins[0], _mm512_set1_epi32(pairs[0]));
+            UNROLLED for (int i = 1; i < 4; i++)
+                imin = _mm512_dpwssd_epi32(imin, mins[i], _mm512_set1_epi32(pairs[i]));
+            __m512 scale = _mm512_mul_ps(dmin, _mm512_set1_ps(xb->d));
+            sm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin), scale, sm[t]);
+        }
+    }
+#undef KA
+#undef KB2
+    const __mmask16 keep = rows_left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rows_left) - 1);
+    UNROLLED for (int t = 0; t < T; t++)
+        _mm512_mask_storeu_ps(y + t * ldy, keep, _mm512_sub_ps(sd[t], sm[t]));
+}
+
+PX_TARGET static ALWAYS_INLINE void q4_K_pair_tile(const pl_block_q4_Kx8 *w, int64_t nb, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    k4_pair_tile((const char *)w, (int64_t)sizeof *w, 0, nb, x, xs, T, y, ldy, rows_left, pf, pf_bytes, off);
+}
+
+PX_TARGET static ALWAYS_INLINE void q5_K_pair_tile(const pl_block_q5_Kx8 *w, int64_t nb, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    k4_pair_tile((const char *)w, (int64_t)sizeof *w, 1, nb, x, xs, T, y, ldy, rows_left, pf, pf_bytes, off);
+}
+#endif
+
 /* ================================================================ q6_K × q8_K */
 
 /* The 8 rows' int8 scales of sub-blocks s0 and s1 as the i16 pair (sc_s0, sc_s1) of lane r. */
@@ -785,55 +923,85 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
  * TILE_ROWS, so that the AVX2 build's (unreachable) calls stay inside its tiles' arrays. */
 #define REST_TILE(rows) ((rows) < TILE_ROWS ? (rows) : TILE_ROWS)
 
-/* NAME_part over TILE: a group at a time in memory order, in tiles of TILE_ROWS activation rows,
- * then one tile of the rest (AVX-512: up to 7 rows; as a tile of 4 and one of what was left, 5 rows
- * took 1.2x as long: a 1-row tile is the slowest per row). The first tile over a group reads it from
- * memory and prefetches: AHEAD bytes on for up to 4 rows, else the next group; never past the range's
- * last group. off: the rows' offsets, nb·PER_BLOCK a row. */
-#define PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK)                                                                 \
+/* TILE over the n activation rows at x against the group(s) at wg: tiles of TILE_ROWS rows, then one
+ * tile of the rest (AVX-512: up to 7 rows; as a tile of 4 and one of what was left, 5 rows took 1.2x
+ * as long: a 1-row tile is the slowest per row). Only the first tile prefetches. */
+#define ROW_TILES(TILE, wg, nb, x, xs, n, yg, ldy, left, pf, pf_bytes, off, PER_BLOCK)                          \
+    do {                                                                                                      \
+        int t = 0;                                                                                            \
+        for (; t + TILE_ROWS <= n; t += TILE_ROWS, pf_bytes = 0)                                              \
+            TILE(wg, nb, x + t * xs, xs, TILE_ROWS, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); \
+        if (TILE_ROWS > 4 && n - t >= 4) {                                                                    \
+            switch (n - t) {                                                                                  \
+            case 7: TILE(wg, nb, x + t * xs, xs, REST_TILE(7), yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
+            case 6: TILE(wg, nb, x + t * xs, xs, REST_TILE(6), yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
+            case 5: TILE(wg, nb, x + t * xs, xs, REST_TILE(5), yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
+            default: TILE(wg, nb, x + t * xs, xs, REST_TILE(4), yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); \
+            }                                                                                                 \
+            t = n;                                                                                            \
+        }                                                                                                     \
+        switch (n - t) {                                                                                      \
+        case 3: TILE(wg, nb, x + t * xs, xs, 3, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
+        case 2: TILE(wg, nb, x + t * xs, xs, 2, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
+        case 1: TILE(wg, nb, x + t * xs, xs, 1, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
+        }                                                                                                     \
+    } while (0)
+
+/* NAME_part over TILE: a group at a time in memory order (ROW_TILES). The first tile over a group
+ * reads it from memory and prefetches: AHEAD bytes on for up to 4 rows, else the next group; never
+ * past the range's last group. off: the rows' offsets, nb·PER_BLOCK a row. With PAIRS (AVX-512's
+ * k-quant tiles on 64-byte registers) a prefill's groups go two at a time through PAIR_TILE, which
+ * prefetches the next two. */
+#define PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK, PAIRS, PAIR_TILE)                                \
     PX_TARGET static void PX_NAME(NAME##_part)(const void *packed, int64_t nb, int64_t g0, int64_t g1,       \
                                                int64_t row_end, const char *x, int64_t xs, int n, float *y,   \
                                                int64_t ldy, const int32_t *off) {                             \
         const BLOCK *w = packed;                                                                          \
         const int64_t group_bytes = nb * (int64_t)sizeof(BLOCK);                                          \
-        for (int64_t g = g0; g < g1; g++) {                                                               \
+        for (int64_t g = g0; g < g1;) {                                                                   \
             const BLOCK *wg = w + g * nb;                                                                 \
             float *yg = y + g * PL_PACK_ROWS;                                                             \
-            int64_t left = row_end - g * PL_PACK_ROWS;                                                    \
-            int64_t want = n <= 4 ? (AHEAD) : group_bytes, rest = (g1 - g - 1) * group_bytes;             \
+            int64_t left = row_end - g * PL_PACK_ROWS, rest = (g1 - g - 1) * group_bytes;                 \
+            if (PAIRS && n > 4 && g + 1 < g1) {                                                           \
+                rest -= group_bytes;                                                                      \
+                int64_t pf_bytes = rest >= 2 * group_bytes ? 2 * (int64_t)sizeof(BLOCK)                   \
+                                   : rest >= group_bytes ? (int64_t)sizeof(BLOCK) : 0;                    \
+                const char *pf = (const char *)wg + 2 * group_bytes;                                      \
+                ROW_TILES(PAIR_TILE, wg, nb, x, xs, n, yg, ldy, left, pf, pf_bytes, off, PER_BLOCK);       \
+                g += 2;                                                                                   \
+                continue;                                                                                 \
+            }                                                                                             \
+            int64_t want = n <= 4 ? (AHEAD) : group_bytes;                                                \
             int64_t ahead = rest < want ? rest : want;                                                    \
             const char *pf = (const char *)wg + ahead;                                                    \
             int64_t pf_bytes = ahead ? (int64_t)sizeof(BLOCK) : 0;                                        \
-            int t = 0;                                                                                    \
-            for (; t + TILE_ROWS <= n; t += TILE_ROWS, pf_bytes = 0)                                      \
-                TILE(wg, nb, x + t * xs, xs, TILE_ROWS, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); \
-            if (TILE_ROWS > 4 && n - t >= 4) {                                                            \
-                switch (n - t) {                                                                          \
-                case 7: TILE(wg, nb, x + t * xs, xs, REST_TILE(7), yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
-                case 6: TILE(wg, nb, x + t * xs, xs, REST_TILE(6), yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
-                case 5: TILE(wg, nb, x + t * xs, xs, REST_TILE(5), yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
-                default: TILE(wg, nb, x + t * xs, xs, REST_TILE(4), yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); \
-                }                                                                                         \
-                t = n;                                                                                    \
-            }                                                                                             \
-            switch (n - t) {                                                                              \
-            case 3: TILE(wg, nb, x + t * xs, xs, 3, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
-            case 2: TILE(wg, nb, x + t * xs, xs, 2, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
-            case 1: TILE(wg, nb, x + t * xs, xs, 1, yg + t * ldy, ldy, left, pf, pf_bytes, off + t * nb * PER_BLOCK); break; \
-            }                                                                                             \
+            ROW_TILES(TILE, wg, nb, x, xs, n, yg, ldy, left, pf, pf_bytes, off, PER_BLOCK);                \
+            g += 1;                                                                                       \
         }                                                                                                 \
     }
 
 #define PACKED_KERNEL(NAME, BLOCK, TILE, AHEAD, OFFSETS, PER_BLOCK, SCALAR) \
-    PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK)                           \
+    PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK, 0, TILE)                  \
+    PACKED_GEMM(NAME, OFFSETS, PER_BLOCK, SCALAR)
+
+/* As PACKED_KERNEL, a prefill's groups two at a time through PAIR_TILE. */
+#define PACKED_KERNEL_PAIRS(NAME, BLOCK, TILE, PAIR_TILE, AHEAD, OFFSETS, PER_BLOCK, SCALAR) \
+    PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK, 1, PAIR_TILE)                            \
     PACKED_GEMM(NAME, OFFSETS, PER_BLOCK, SCALAR)
 
 PACKED_KERNEL(gemm_q4_0x8, pl_block_q4_0x8, q4_0_tile, STREAM_AHEAD, q4_0_offsets, 1, pl_gemm_q4_0x8_scalar)
 PACKED_KERNEL(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, STREAM_AHEAD, no_offsets, 0, pl_gemm_q4_1x8_scalar)
 PACKED_KERNEL(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, STREAM_AHEAD, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
 PACKED_KERNEL(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, STREAM_AHEAD, Q8_0_OFFSETS, Q8_0_PER_BLOCK, pl_gemm_q8_0x8_scalar)
+#if PX_VNNI == 1
+PACKED_KERNEL_PAIRS(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, q4_K_pair_tile, STREAM_AHEAD, k4_offsets, 4,
+                    pl_gemm_q4_Kx8_scalar)
+PACKED_KERNEL_PAIRS(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, q5_K_pair_tile, STREAM_AHEAD, k4_offsets, 4,
+                    pl_gemm_q5_Kx8_scalar)
+#else
 PACKED_KERNEL(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, STREAM_AHEAD, k4_offsets, 4, pl_gemm_q4_Kx8_scalar)
 PACKED_KERNEL(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, STREAM_AHEAD, k4_offsets, 4, pl_gemm_q5_Kx8_scalar)
+#endif
 PACKED_KERNEL(gemm_q6_Kx8, pl_block_q6_Kx8, q6_K_tile, STREAM_AHEAD_Q6K, no_offsets, 0, pl_gemm_q6_Kx8_scalar)
 
 int PX_NAME(pl_install_packed)(void) {
