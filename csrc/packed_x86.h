@@ -17,7 +17,8 @@
  * tile, each activation dword broadcast once per tile. T = TILE_ROWS for a batch (the weights of a
  * group stay in L1 while the activation rows stream past): 4 in the 16 registers of AVX2, 8 in
  * AVX-512's 32, which hold a k-quant tile's 16 chains and its sums (-6% to -12% a tile against 4
- * rows, every type). With one activation row the
+ * rows, every type); AVX-512's q4_K and q5_K tiles of a prefill take two groups at once on 64-byte
+ * registers (k4_pair_tile). With one activation row the
  * groups are read one after the other, in memory order, as one stream (see STREAM_AHEAD): two groups
  * side by side per tile shared each broadcast between them (10-28% less compute in L2) but read two
  * streams, and a decode from memory ran 1.5x slower.
@@ -638,7 +639,10 @@ PX_TARGET static ALWAYS_INLINE void q5_K_tile(const pl_block_q5_Kx8 *w, int64_t 
  * A prefill's q4_K / q5_K tile over two groups at once on AVX-512's 64-byte registers: group A's 8
  * rows in dword lanes 0-7, group B's in 8-15, so that each activation dword, broadcast once from
  * memory by vpdpbusd ({1to16}), serves 16 weight rows where a 32-byte tile's serves 8. Lane by lane
- * the operations of k4_tile, in its order: the same bits. */
+ * the operations of k4_tile, in its order: the same bits. On Zen 4 (64-byte ops take two 32-byte
+ * slots) the gain is in the broadcasts and the loop's other ops: one thread, bench_packed.py, 64
+ * rows, q4_K 0.191 -> 0.177 ns a block of 32 (L2), q5_K 0.201 -> 0.185; q6_K done the same way was
+ * no faster (0.258 -> 0.263: its unpacking takes more registers) and is left on 32 bytes. */
 
 /* Group A's register at a and group B's at b as one: A's in the low half. */
 PX_TARGET static inline __m512i join_groups(const void *a, const void *b) {
