@@ -17,8 +17,8 @@
  * tile, each activation dword broadcast once per tile. T = TILE_ROWS for a batch (the weights of a
  * group stay in L1 while the activation rows stream past): 4 in the 16 registers of AVX2, 8 in
  * AVX-512's 32, which hold a k-quant tile's 16 chains and its sums (-6% to -12% a tile against 4
- * rows, every type); AVX-512's q4_K and q5_K tiles of a prefill take two groups at once on 64-byte
- * registers (k4_pair_tile). With one activation row the
+ * rows, every type); AVX-512's prefill tiles of every type but q6_K take two groups at once on
+ * 64-byte registers (the pair tiles, see join_groups). With one activation row the
  * groups are read one after the other, in memory order, as one stream (see STREAM_AHEAD): two groups
  * side by side per tile shared each broadcast between them (10-28% less compute in L2) but read two
  * streams, and a decode from memory ran 1.5x slower.
@@ -174,6 +174,62 @@ PX_TARGET static inline void prefetch_some(const char **next, const char *end, i
     for (int i = 0; i < lines && *next < end; i++, *next += 64) PL_PREFETCH(*next);
 }
 
+#if PX_VNNI == 1
+/* Two row groups on AVX-512's 64-byte registers (a prefill's pair tiles: group A's 8 rows in dword
+ * lanes 0-7, group B's in 8-15), so that each activation dword, broadcast once from memory by
+ * vpdpbusd ({1to16}), serves 16 weight rows where a 32-byte tile's serves 8, and each activation
+ * block's scale is set up once for both. Lane by lane a pair tile runs its 32-byte tile's operations
+ * in their order: the same bits. One thread of Zen 4 (64-byte ops take two 32-byte slots there, so
+ * the gain is in the broadcasts and the ops a block spends besides vpdpbusd), bench_packed.py, 64
+ * rows, ns a block of 32 in L2 against the 32-byte tiles: q4_0 0.237 -> 0.181, q8_0 0.241 -> 0.180,
+ * q5_0 0.248 -> 0.186, q4_1 0.216 -> 0.190 (k4_pair_tile: q4_K, q5_K). */
+
+/* Group A's register at a and group B's at b as one: A's in the low half. */
+PX_TARGET static inline __m512i join_groups(const void *a, const void *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
+PX_TARGET static inline __m512i join_halves(__m256i a, __m256i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+
+PX_TARGET static inline __m512i dot_bcast_add16(__m512i acc, __m512i u, const int8_t *p) {
+#if defined(__GNUC__) || defined(__clang__)
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+#else
+    int32_t v;
+    memcpy(&v, p, 4);
+    acc = _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(v));
+#endif
+    return acc;
+}
+
+/* Groups A's and B's 8 f16 scales at a and b as 16 floats. */
+PX_TARGET static inline __m512 halves_f16(const uint16_t *a, const uint16_t *b) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                                   _mm_loadu_si128((const __m128i *)b), 1));
+}
+
+/* A pair tile's stores: the first rows_left (≥ 1) of the 16 lanes of v to y. */
+PX_TARGET static inline void store_pair_rows(float *y, __m512 v, int64_t rows_left) {
+    _mm512_mask_storeu_ps(y, rows_left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rows_left) - 1), v);
+}
+
+/* add_q8_0_blocks for a pair tile: groups A's and B's scales at da and db. */
+PX_TARGET static ALWAYS_INLINE void add_q8_0_pair_blocks(__m512 *sd, const __m512i *isum, const uint16_t *da,
+                                                         const uint16_t *db, const char *x, int64_t xs, int64_t b,
+                                                         const int T) {
+    __m512 dw = halves_f16(da, db);
+    UNROLLED for (int t = 0; t < T; t++) {
+        const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+        __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(_cvtsh_ss(xb->d)));
+        sd[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), scale, sd[t]);
+    }
+}
+
+#endif
+
 /* ================================================================ q4_1 × q8_1 */
 
 /* The group w against activation rows x, x + xs, … (T of them): y[t·ldy + r].
@@ -232,6 +288,49 @@ PX_TARGET static ALWAYS_INLINE void q4_1_tile(const pl_block_q4_1x8 *w, int64_t 
     UNROLLED for (int t = 0; t < T; t++)
         store_rows(y + t * ldy, _mm256_add_ps(sd[t], sm[t]), rows_left);
 }
+
+#if PX_VNNI == 1
+/* q4_1_tile over groups A (w) and B (w + nb blocks). */
+PX_TARGET static ALWAYS_INLINE void q4_1_pair_tile(const pl_block_q4_1x8 *w, int64_t nb, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    (void)off;
+    const pl_block_q4_1x8 *wb = w + nb;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512 sd[TILE_ROWS];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_next(pf, pf_bytes, b);
+        __m512i p[TILE_ROWS], hi_sum[TILE_ROWS];
+        UNROLLED for (int k = 0; k < 4; k++) {
+            __m512i v = join_groups(w[b].qs + 32 * k, wb[b].qs + 32 * k);
+            __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+                if (k == 0) p[t] = hi_sum[t] = _mm512_setzero_si512();
+                p[t] = dot_bcast_add16(p[t], lo, xb->qs + 4 * k);
+                hi_sum[t] = dot_bcast_add16(hi_sum[t], hi, xb->qs + 16 + 4 * k);
+            }
+        }
+        __m512 dw = halves_f16(w[b].d, wb[b].d);
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+            __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(p[t], hi_sum[t]));
+            sd[t] = _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), sd[t]);
+        }
+    }
+    __m512 sm[TILE_ROWS];
+    UNROLLED for (int t = 0; t < T; t++) sm[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m512 mw = halves_f16(w[b].m, wb[b].m);
+        UNROLLED for (int t = 0; t < T; t++) {
+            const pl_block_q8_1 *xb = (const pl_block_q8_1 *)(x + t * xs) + b;
+            sm[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xb->s), sm[t]);
+        }
+    }
+    UNROLLED for (int t = 0; t < T; t++) store_pair_rows(y + t * ldy, _mm512_add_ps(sd[t], sm[t]), rows_left);
+}
+#endif
 
 /* ================================================================ q8_0 × q8_0 */
 
@@ -304,6 +403,34 @@ PX_TARGET static ALWAYS_INLINE void q8_0_tile(const pl_block_q8_0x8 *w, int64_t 
 }
 #endif
 
+#if PX_VNNI == 1
+/* q8_0_tile over groups A (w) and B (w + nb blocks). */
+PX_TARGET static ALWAYS_INLINE void q8_0_pair_tile(const pl_block_q8_0x8 *w, int64_t nb, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    const pl_block_q8_0x8 *wb = w + nb;
+    const __m512i top = _mm512_set1_epi8((char)0x80);
+    __m512 sd[TILE_ROWS];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_next(pf, pf_bytes, b);
+        __m512i acc[2][TILE_ROWS];
+        UNROLLED for (int k = 0; k < 8; k++) {
+            __m512i u = _mm512_xor_si512(join_groups(w[b].qs + 32 * k, wb[b].qs + 32 * k), top);
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                if (k == 0) acc[0][t] = _mm512_set1_epi32(off[t * nb + b]);
+                if (k == 1) acc[1][t] = _mm512_setzero_si512();
+                acc[k % 2][t] = dot_bcast_add16(acc[k % 2][t], u, xb->qs + 4 * k);
+            }
+        }
+        UNROLLED for (int t = 0; t < T; t++) acc[0][t] = _mm512_add_epi32(acc[0][t], acc[1][t]);
+        add_q8_0_pair_blocks(sd, acc[0], w[b].d, wb[b].d, x, xs, b, T);
+    }
+    UNROLLED for (int t = 0; t < T; t++) store_pair_rows(y + t * ldy, sd[t], rows_left);
+}
+#endif
+
 /* ================================================================ q4_0 × q8_0 */
 
 /* As q4_1_tile's quants, without the mins: the −8 of every element comes off the block's integer
@@ -348,6 +475,35 @@ PX_TARGET static ALWAYS_INLINE void q4_0_tile(const pl_block_q4_0x8 *w, int64_t 
     UNROLLED for (int t = 0; t < T; t++)
         store_rows(y + t * ldy, sd[t], rows_left);
 }
+
+#if PX_VNNI == 1
+/* q4_0_tile over groups A (w) and B (w + nb blocks). */
+PX_TARGET static ALWAYS_INLINE void q4_0_pair_tile(const pl_block_q4_0x8 *w, int64_t nb, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    const pl_block_q4_0x8 *wb = w + nb;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512 sd[TILE_ROWS];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_next(pf, pf_bytes, b);
+        __m512i p[TILE_ROWS], hi_sum[TILE_ROWS];
+        UNROLLED for (int k = 0; k < 4; k++) {
+            __m512i v = join_groups(w[b].qs + 32 * k, wb[b].qs + 32 * k);
+            __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                if (k == 0) p[t] = _mm512_set1_epi32(off[t * nb + b]), hi_sum[t] = _mm512_setzero_si512();
+                p[t] = dot_bcast_add16(p[t], lo, xb->qs + 4 * k);
+                hi_sum[t] = dot_bcast_add16(hi_sum[t], hi, xb->qs + 16 + 4 * k);
+            }
+        }
+        UNROLLED for (int t = 0; t < T; t++) p[t] = _mm512_add_epi32(p[t], hi_sum[t]);
+        add_q8_0_pair_blocks(sd, p, w[b].d, wb[b].d, x, xs, b, T);
+    }
+    UNROLLED for (int t = 0; t < T; t++) store_pair_rows(y + t * ldy, sd[t], rows_left);
+}
+#endif
 
 /* ================================================================ q5_0 × q8_0 */
 
@@ -447,6 +603,39 @@ PX_TARGET static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t 
     UNROLLED for (int t = 0; t < T; t++)
         store_rows(y + t * ldy, sd[t], rows_left);
 }
+
+#if PX_VNNI == 1
+/* q5_0_tile over groups A (w) and B (w + nb blocks). */
+PX_TARGET static ALWAYS_INLINE void q5_0_pair_tile(const pl_block_q5_0x8 *w, int64_t nb, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    const pl_block_q5_0x8 *wb = w + nb;
+    const __m512i low4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+    __m512 sd[TILE_ROWS];
+    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_next(pf, pf_bytes, b);
+        __m512i acc[TILE_ROWS], hi_sum[TILE_ROWS];
+        const __m512i qh = join_groups(w[b].qh, wb[b].qh);
+        UNROLLED for (int k = 0; k < 4; k++) {
+            __m512i v = join_groups(w[b].qs + 32 * k, wb[b].qs + 32 * k);
+            __m512i hl = _mm512_and_si512(_mm512_slli_epi16(qh, 4 - k), bit4);
+            __m512i hh = _mm512_and_si512(k ? _mm512_srli_epi16(qh, k) : qh, bit4);
+            __m512i lo = _mm512_or_si512(_mm512_and_si512(v, low4), hl);
+            __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), hh);
+            UNROLLED for (int t = 0; t < T; t++) {
+                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
+                if (k == 0) acc[t] = _mm512_set1_epi32(off[t * nb + b]), hi_sum[t] = _mm512_setzero_si512();
+                acc[t] = dot_bcast_add16(acc[t], lo, xb->qs + 4 * k);
+                hi_sum[t] = dot_bcast_add16(hi_sum[t], hi, xb->qs + 16 + 4 * k);
+            }
+        }
+        UNROLLED for (int t = 0; t < T; t++) acc[t] = _mm512_add_epi32(acc[t], hi_sum[t]);
+        add_q8_0_pair_blocks(sd, acc, w[b].d, wb[b].d, x, xs, b, T);
+    }
+    UNROLLED for (int t = 0; t < T; t++) store_pair_rows(y + t * ldy, sd[t], rows_left);
+}
+#endif
 
 /* ================================================================ q4_K × q8_K */
 
@@ -635,35 +824,10 @@ PX_TARGET static ALWAYS_INLINE void q5_K_tile(const pl_block_q5_Kx8 *w, int64_t 
 }
 
 #if PX_VNNI == 1
-/* ---------------------------------------------------------------- two groups on 64-byte registers
- * A prefill's q4_K / q5_K tile over two groups at once on AVX-512's 64-byte registers: group A's 8
- * rows in dword lanes 0-7, group B's in 8-15, so that each activation dword, broadcast once from
- * memory by vpdpbusd ({1to16}), serves 16 weight rows where a 32-byte tile's serves 8. Lane by lane
- * the operations of k4_tile, in its order: the same bits. On Zen 4 (64-byte ops take two 32-byte
+/* k4_tile over two groups at once (a pair tile: see join_groups). On Zen 4 (64-byte ops take two 32-byte
  * slots) the gain is in the broadcasts and the loop's other ops: one thread, bench_packed.py, 64
  * rows, q4_K 0.191 -> 0.177 ns a block of 32 (L2), q5_K 0.201 -> 0.185; q6_K done the same way was
  * no faster (0.258 -> 0.263: its unpacking takes more registers) and is left on 32 bytes. */
-
-/* Group A's register at a and group B's at b as one: A's in the low half. */
-PX_TARGET static inline __m512i join_groups(const void *a, const void *b) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
-                              _mm256_loadu_si256((const __m256i *)b), 1);
-}
-
-PX_TARGET static inline __m512i join_halves(__m256i a, __m256i b) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-}
-
-PX_TARGET static inline __m512i dot_bcast_add16(__m512i acc, __m512i u, const int8_t *p) {
-#if defined(__GNUC__) || defined(__clang__)
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
-#else
-    int32_t v;
-    memcpy(&v, p, 4);
-    acc = _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(v));
-#endif
-    return acc;
-}
 
 /* k4_block_sums of block b of groups A and B at once. */
 PX_TARGET static ALWAYS_INLINE void k4_pair_block_sums(const pl_block_q4_Kx8 *ba, const pl_block_q4_Kx8 *bb,
@@ -723,9 +887,7 @@ PX_TARGET static ALWAYS_INLINE void k4_pair_tile(const char *wa, const int64_t b
         const char *next = pf + b * pf_bytes, *end = next + pf_bytes;
         __m512i isum[TILE_ROWS];
         k4_pair_block_sums(KA(b), KB2(b), five, x, xs, b, T, isum, &next, end, lines);
-        __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(
-            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)KA(b)->d)),
-            _mm_loadu_si128((const __m128i *)KB2(b)->d), 1));
+        __m512 dw = halves_f16(KA(b)->d, KB2(b)->d);
         UNROLLED for (int t = 0; t < T; t++) {
             const pl_block_q8_K *xb = (const pl_block_q8_K *)(x + t * xs) + b;
             __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xb->d));
@@ -740,9 +902,7 @@ PX_TARGET static ALWAYS_INLINE void k4_pair_tile(const char *wa, const int64_t b
         k4x8_words(KA(b), &ma[0], &ma[1], 1);
         k4x8_words(KB2(b), &mb[0], &mb[1], 1);
         const __m512i mn[2] = {join_halves(ma[0], mb[0]), join_halves(ma[1], mb[1])};
-        __m512 dmin = _mm512_cvtph_ps(_mm256_inserti128_si256(
-            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)KA(b)->dmin)),
-            _mm_loadu_si128((const __m128i *)KB2(b)->dmin), 1));
+        __m512 dmin = halves_f16(KA(b)->dmin, KB2(b)->dmin);
         __m512i mins[4] = {_mm512_and_si512(mn[0], even), _mm512_srli_epi16(mn[0], 8),
                            _mm512_and_si512(mn[1], even), _mm512_srli_epi16(mn[1], 8)};
         UNROLLED for (int t = 0; t < T; t++) {
@@ -757,9 +917,7 @@ PX_TARGET static ALWAYS_INLINE void k4_pair_tile(const char *wa, const int64_t b
     }
 #undef KA
 #undef KB2
-    const __mmask16 keep = rows_left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rows_left) - 1);
-    UNROLLED for (int t = 0; t < T; t++)
-        _mm512_mask_storeu_ps(y + t * ldy, keep, _mm512_sub_ps(sd[t], sm[t]));
+    UNROLLED for (int t = 0; t < T; t++) store_pair_rows(y + t * ldy, _mm512_sub_ps(sd[t], sm[t]), rows_left);
 }
 
 PX_TARGET static ALWAYS_INLINE void q4_K_pair_tile(const pl_block_q4_Kx8 *w, int64_t nb, const char *x,
@@ -993,16 +1151,24 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
     PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK, 1, PAIR_TILE)                            \
     PACKED_GEMM(NAME, OFFSETS, PER_BLOCK, SCALAR)
 
-PACKED_KERNEL(gemm_q4_0x8, pl_block_q4_0x8, q4_0_tile, STREAM_AHEAD, q4_0_offsets, 1, pl_gemm_q4_0x8_scalar)
-PACKED_KERNEL(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, STREAM_AHEAD, no_offsets, 0, pl_gemm_q4_1x8_scalar)
-PACKED_KERNEL(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, STREAM_AHEAD, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
-PACKED_KERNEL(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, STREAM_AHEAD, Q8_0_OFFSETS, Q8_0_PER_BLOCK, pl_gemm_q8_0x8_scalar)
 #if PX_VNNI == 1
+PACKED_KERNEL_PAIRS(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, q4_1_pair_tile, STREAM_AHEAD, no_offsets, 0,
+                    pl_gemm_q4_1x8_scalar)
+PACKED_KERNEL_PAIRS(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, q5_0_pair_tile, STREAM_AHEAD, q5_0_offsets, 1,
+                    pl_gemm_q5_0x8_scalar)
+PACKED_KERNEL_PAIRS(gemm_q4_0x8, pl_block_q4_0x8, q4_0_tile, q4_0_pair_tile, STREAM_AHEAD, q4_0_offsets, 1,
+                    pl_gemm_q4_0x8_scalar)
+PACKED_KERNEL_PAIRS(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, q8_0_pair_tile, STREAM_AHEAD, Q8_0_OFFSETS,
+                    Q8_0_PER_BLOCK, pl_gemm_q8_0x8_scalar)
 PACKED_KERNEL_PAIRS(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, q4_K_pair_tile, STREAM_AHEAD, k4_offsets, 4,
                     pl_gemm_q4_Kx8_scalar)
 PACKED_KERNEL_PAIRS(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, q5_K_pair_tile, STREAM_AHEAD, k4_offsets, 4,
                     pl_gemm_q5_Kx8_scalar)
 #else
+PACKED_KERNEL(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, STREAM_AHEAD, no_offsets, 0, pl_gemm_q4_1x8_scalar)
+PACKED_KERNEL(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, STREAM_AHEAD, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
+PACKED_KERNEL(gemm_q4_0x8, pl_block_q4_0x8, q4_0_tile, STREAM_AHEAD, q4_0_offsets, 1, pl_gemm_q4_0x8_scalar)
+PACKED_KERNEL(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, STREAM_AHEAD, Q8_0_OFFSETS, Q8_0_PER_BLOCK, pl_gemm_q8_0x8_scalar)
 PACKED_KERNEL(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, STREAM_AHEAD, k4_offsets, 4, pl_gemm_q4_Kx8_scalar)
 PACKED_KERNEL(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, STREAM_AHEAD, k4_offsets, 4, pl_gemm_q5_Kx8_scalar)
 #endif
