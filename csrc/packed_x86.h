@@ -27,6 +27,7 @@
 #error "packed_x86.h is included by packed_avx2.c, packed_vnni.c and packed_avxvnni.c after they define PX_TARGET"
 #endif
 
+#include <stddef.h>
 #include <string.h>
 
 #include <immintrin.h>
@@ -476,35 +477,6 @@ PX_TARGET static ALWAYS_INLINE void q4_0_tile(const pl_block_q4_0x8 *w, int64_t 
         store_rows(y + t * ldy, sd[t], rows_left);
 }
 
-#if PX_VNNI == 1
-/* q4_0_tile over groups A (w) and B (w + nb blocks). */
-PX_TARGET static ALWAYS_INLINE void q4_0_pair_tile(const pl_block_q4_0x8 *w, int64_t nb, const char *x,
-                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
-                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
-    const pl_block_q4_0x8 *wb = w + nb;
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    __m512 sd[TILE_ROWS];
-    UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        prefetch_next(pf, pf_bytes, b);
-        __m512i p[TILE_ROWS], hi_sum[TILE_ROWS];
-        UNROLLED for (int k = 0; k < 4; k++) {
-            __m512i v = join_groups(w[b].qs + 32 * k, wb[b].qs + 32 * k);
-            __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-            UNROLLED for (int t = 0; t < T; t++) {
-                const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
-                if (k == 0) p[t] = _mm512_set1_epi32(off[t * nb + b]), hi_sum[t] = _mm512_setzero_si512();
-                p[t] = dot_bcast_add16(p[t], lo, xb->qs + 4 * k);
-                hi_sum[t] = dot_bcast_add16(hi_sum[t], hi, xb->qs + 16 + 4 * k);
-            }
-        }
-        UNROLLED for (int t = 0; t < T; t++) p[t] = _mm512_add_epi32(p[t], hi_sum[t]);
-        add_q8_0_pair_blocks(sd, p, w[b].d, wb[b].d, x, xs, b, T);
-    }
-    UNROLLED for (int t = 0; t < T; t++) store_pair_rows(y + t * ldy, sd[t], rows_left);
-}
-#endif
-
 /* ================================================================ q5_0 × q8_0 */
 
 /* factor·Σx of activation block b of row t to off[t·nb + b], for rows rows: the exact i32 that
@@ -605,24 +577,30 @@ PX_TARGET static ALWAYS_INLINE void q5_0_tile(const pl_block_q5_0x8 *w, int64_t 
 }
 
 #if PX_VNNI == 1
-/* q5_0_tile over groups A (w) and B (w + nb blocks). */
-PX_TARGET static ALWAYS_INLINE void q5_0_pair_tile(const pl_block_q5_0x8 *w, int64_t nb, const char *x,
-                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
-                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
-    const pl_block_q5_0x8 *wb = w + nb;
+/* q4_0_tile (five = 0) or q5_0_tile (five: blocks of bs bytes with the fifth bits) over groups A (w)
+ * and B (w + nb blocks); both blocks begin with the 8 rows' scales. */
+PX_TARGET static ALWAYS_INLINE void x0_pair_tile(const char *w, const int64_t bs, const int five, int64_t nb,
+                                                 const char *x, int64_t xs, const int T, float *y, int64_t ldy,
+                                                 int64_t rows_left, const char *pf, int64_t pf_bytes,
+                                                 const int32_t *off) {
+    const char *wb = w + nb * bs;
+    const size_t qs = five ? offsetof(pl_block_q5_0x8, qs) : offsetof(pl_block_q4_0x8, qs),
+                 qh = offsetof(pl_block_q5_0x8, qh);
     const __m512i low4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
     __m512 sd[TILE_ROWS];
     UNROLLED for (int t = 0; t < T; t++) sd[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        const char *ba = w + b * bs, *bb = wb + b * bs;
         prefetch_next(pf, pf_bytes, b);
         __m512i acc[TILE_ROWS], hi_sum[TILE_ROWS];
-        const __m512i qh = join_groups(w[b].qh, wb[b].qh);
+        const __m512i fifth = five ? join_groups(ba + qh, bb + qh) : _mm512_setzero_si512();
         UNROLLED for (int k = 0; k < 4; k++) {
-            __m512i v = join_groups(w[b].qs + 32 * k, wb[b].qs + 32 * k);
-            __m512i hl = _mm512_and_si512(_mm512_slli_epi16(qh, 4 - k), bit4);
-            __m512i hh = _mm512_and_si512(k ? _mm512_srli_epi16(qh, k) : qh, bit4);
-            __m512i lo = _mm512_or_si512(_mm512_and_si512(v, low4), hl);
-            __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), hh);
+            __m512i v = join_groups(ba + qs + 32 * k, bb + qs + 32 * k);
+            __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            if (five) { /* bit k (4 + k) of each qh byte onto bit 4, as q5_0_tile */
+                lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(fifth, 4 - k), bit4));
+                hi = _mm512_or_si512(hi, _mm512_and_si512(k ? _mm512_srli_epi16(fifth, k) : fifth, bit4));
+            }
             UNROLLED for (int t = 0; t < T; t++) {
                 const pl_block_q8_0 *xb = (const pl_block_q8_0 *)(x + t * xs) + b;
                 if (k == 0) acc[t] = _mm512_set1_epi32(off[t * nb + b]), hi_sum[t] = _mm512_setzero_si512();
@@ -631,9 +609,21 @@ PX_TARGET static ALWAYS_INLINE void q5_0_pair_tile(const pl_block_q5_0x8 *w, int
             }
         }
         UNROLLED for (int t = 0; t < T; t++) acc[t] = _mm512_add_epi32(acc[t], hi_sum[t]);
-        add_q8_0_pair_blocks(sd, acc, w[b].d, wb[b].d, x, xs, b, T);
+        add_q8_0_pair_blocks(sd, acc, (const uint16_t *)ba, (const uint16_t *)bb, x, xs, b, T);
     }
     UNROLLED for (int t = 0; t < T; t++) store_pair_rows(y + t * ldy, sd[t], rows_left);
+}
+
+PX_TARGET static ALWAYS_INLINE void q4_0_pair_tile(const pl_block_q4_0x8 *w, int64_t nb, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    x0_pair_tile((const char *)w, (int64_t)sizeof *w, 0, nb, x, xs, T, y, ldy, rows_left, pf, pf_bytes, off);
+}
+
+PX_TARGET static ALWAYS_INLINE void q5_0_pair_tile(const pl_block_q5_0x8 *w, int64_t nb, const char *x,
+                                                   int64_t xs, const int T, float *y, int64_t ldy, int64_t rows_left,
+                                                   const char *pf, int64_t pf_bytes, const int32_t *off) {
+    x0_pair_tile((const char *)w, (int64_t)sizeof *w, 1, nb, x, xs, T, y, ldy, rows_left, pf, pf_bytes, off);
 }
 #endif
 
@@ -1111,9 +1101,9 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
 
 /* NAME_part over TILE: a group at a time in memory order (ROW_TILES). The first tile over a group
  * reads it from memory and prefetches: AHEAD bytes on for up to 4 rows, else the next group; never
- * past the range's last group. off: the rows' offsets, nb·PER_BLOCK a row. With PAIRS (AVX-512's
- * k-quant tiles on 64-byte registers) a prefill's groups go two at a time through PAIR_TILE, which
- * prefetches the next two. */
+ * past the range's last group. off: the rows' offsets, nb·PER_BLOCK a row. From PAIRS activation rows
+ * on (0: never; AVX-512's pair tiles) the groups go two at a time through PAIR_TILE, which prefetches
+ * the next two. */
 #define PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK, PAIRS, PAIR_TILE)                                \
     PX_TARGET static void PX_NAME(NAME##_part)(const void *packed, int64_t nb, int64_t g0, int64_t g1,       \
                                                int64_t row_end, const char *x, int64_t xs, int n, float *y,   \
@@ -1124,7 +1114,7 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
             const BLOCK *wg = w + g * nb;                                                                 \
             float *yg = y + g * PL_PACK_ROWS;                                                             \
             int64_t left = row_end - g * PL_PACK_ROWS, rest = (g1 - g - 1) * group_bytes;                 \
-            if (PAIRS && n > 4 && g + 1 < g1) {                                                           \
+            if ((PAIRS) > 0 && n >= (PAIRS) && g + 1 < g1) {                                                        \
                 rest -= group_bytes;                                                                      \
                 int64_t pf_bytes = rest >= 2 * group_bytes ? 2 * (int64_t)sizeof(BLOCK)                   \
                                    : rest >= group_bytes ? (int64_t)sizeof(BLOCK) : 0;                    \
@@ -1146,24 +1136,31 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
     PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK, 0, TILE)                  \
     PACKED_GEMM(NAME, OFFSETS, PER_BLOCK, SCALAR)
 
-/* As PACKED_KERNEL, a prefill's groups two at a time through PAIR_TILE. */
-#define PACKED_KERNEL_PAIRS(NAME, BLOCK, TILE, PAIR_TILE, AHEAD, OFFSETS, PER_BLOCK, SCALAR) \
-    PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK, 1, PAIR_TILE)                            \
+/* As PACKED_KERNEL, the groups two at a time through PAIR_TILE from PAIRS activation rows on (a
+ * call of fewer reads the weights from memory, where two groups' streams at once can be slower). */
+#define PACKED_KERNEL_PAIRS(NAME, BLOCK, TILE, PAIR_TILE, PAIRS, AHEAD, OFFSETS, PER_BLOCK, SCALAR) \
+    PACKED_GEMM_PART(NAME, BLOCK, TILE, AHEAD, PER_BLOCK, PAIRS, PAIR_TILE)                               \
     PACKED_GEMM(NAME, OFFSETS, PER_BLOCK, SCALAR)
 
+/* The fewest activation rows a call takes pair tiles for: from memory (60 MB, one thread,
+ * bench_packed.py) a q4_K pair tile of 5 rows took 0.27-0.28 ns a block of 32 against 0.24, of 6
+ * rows 0.24-0.25 against 0.24, of 7 rows 0.22 against 0.23; q5_K's the same as before from 5 rows,
+ * q4_0's, q5_0's, q4_1's and q8_0's the same or faster (q8_0 at 5 rows 0.42 against 0.50). */
+enum { K4_PAIRS_FROM = 7, PAIRS_FROM = 5 };
+
 #if PX_VNNI == 1
-PACKED_KERNEL_PAIRS(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, q4_1_pair_tile, STREAM_AHEAD, no_offsets, 0,
-                    pl_gemm_q4_1x8_scalar)
-PACKED_KERNEL_PAIRS(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, q5_0_pair_tile, STREAM_AHEAD, q5_0_offsets, 1,
-                    pl_gemm_q5_0x8_scalar)
-PACKED_KERNEL_PAIRS(gemm_q4_0x8, pl_block_q4_0x8, q4_0_tile, q4_0_pair_tile, STREAM_AHEAD, q4_0_offsets, 1,
-                    pl_gemm_q4_0x8_scalar)
-PACKED_KERNEL_PAIRS(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, q8_0_pair_tile, STREAM_AHEAD, Q8_0_OFFSETS,
-                    Q8_0_PER_BLOCK, pl_gemm_q8_0x8_scalar)
-PACKED_KERNEL_PAIRS(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, q4_K_pair_tile, STREAM_AHEAD, k4_offsets, 4,
-                    pl_gemm_q4_Kx8_scalar)
-PACKED_KERNEL_PAIRS(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, q5_K_pair_tile, STREAM_AHEAD, k4_offsets, 4,
-                    pl_gemm_q5_Kx8_scalar)
+PACKED_KERNEL_PAIRS(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, q4_1_pair_tile, PAIRS_FROM,
+                    STREAM_AHEAD, no_offsets, 0, pl_gemm_q4_1x8_scalar)
+PACKED_KERNEL_PAIRS(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, q5_0_pair_tile, PAIRS_FROM,
+                    STREAM_AHEAD, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
+PACKED_KERNEL_PAIRS(gemm_q4_0x8, pl_block_q4_0x8, q4_0_tile, q4_0_pair_tile, PAIRS_FROM,
+                    STREAM_AHEAD, q4_0_offsets, 1, pl_gemm_q4_0x8_scalar)
+PACKED_KERNEL_PAIRS(gemm_q8_0x8, pl_block_q8_0x8, q8_0_tile, q8_0_pair_tile, PAIRS_FROM,
+                    STREAM_AHEAD, Q8_0_OFFSETS, Q8_0_PER_BLOCK, pl_gemm_q8_0x8_scalar)
+PACKED_KERNEL_PAIRS(gemm_q4_Kx8, pl_block_q4_Kx8, q4_K_tile, q4_K_pair_tile, K4_PAIRS_FROM,
+                    STREAM_AHEAD, k4_offsets, 4, pl_gemm_q4_Kx8_scalar)
+PACKED_KERNEL_PAIRS(gemm_q5_Kx8, pl_block_q5_Kx8, q5_K_tile, q5_K_pair_tile, PAIRS_FROM,
+                    STREAM_AHEAD, k4_offsets, 4, pl_gemm_q5_Kx8_scalar)
 #else
 PACKED_KERNEL(gemm_q4_1x8, pl_block_q4_1x8, q4_1_tile, STREAM_AHEAD, no_offsets, 0, pl_gemm_q4_1x8_scalar)
 PACKED_KERNEL(gemm_q5_0x8, pl_block_q5_0x8, q5_0_tile, STREAM_AHEAD, q5_0_offsets, 1, pl_gemm_q5_0x8_scalar)
