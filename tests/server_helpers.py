@@ -22,8 +22,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}<
 
 
 def make_tiny_chat_checkpoint(folder: str, chat_template: str = CHAT_TEMPLATE, positions: int = 4096) -> str:
-    """The tiny random Llama of conftest with a chat template and 4096 positions (so a stream can
-    run long enough to be cut off by its client)."""
+    """The tiny random Llama of conftest with a chat template and 4096 positions unless told (so a
+    stream can run long enough to be cut off by its client)."""
     make_tiny_checkpoint(folder, max_position_embeddings=positions)
     path = os.path.join(folder, "tokenizer_config.json")
     with open(path) as f:
