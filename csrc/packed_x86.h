@@ -1114,7 +1114,7 @@ static void no_offsets(const char *x, int64_t xs, int64_t nb, int rows, int32_t 
             const BLOCK *wg = w + g * nb;                                                                 \
             float *yg = y + g * PL_PACK_ROWS;                                                             \
             int64_t left = row_end - g * PL_PACK_ROWS, rest = (g1 - g - 1) * group_bytes;                 \
-            if ((PAIRS) > 0 && n >= (PAIRS) && g + 1 < g1) {                                                        \
+            if ((PAIRS) > 0 && n >= (PAIRS) && g + 1 < g1) {                                              \
                 rest -= group_bytes;                                                                      \
                 int64_t pf_bytes = rest >= 2 * group_bytes ? 2 * (int64_t)sizeof(BLOCK)                   \
                                    : rest >= group_bytes ? (int64_t)sizeof(BLOCK) : 0;                    \
