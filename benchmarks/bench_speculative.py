@@ -14,6 +14,8 @@ per-round ratios say more than the best of each). Forward calls:
 the model's calls after the prompt (plain: one per token, but the tokens a constraint forces run in
 the call before them), which no load on the machine changes.
 --tasks and --targets take subsets (--targets gemma3: Gemma 3 270M Q4_K_M, lookup and self:14).
+--control adds plain decoding a second time to each round's turns ("plain again"): its ratio to plain
+is what a ratio spreads by on this machine with nothing changed.
 --together runs the tasks at once instead (but extraction: a list shares one constraint), one
 request each, as a list (Model.generate's engine: one call a step for all of them, each job's
 proposals in it); decode tok/s is then every job's tokens after its first over the time past the
@@ -176,6 +178,15 @@ def verify_costs(llm) -> str:
     return ", ".join(f"{n} rows {times[n] / times[1]:.2f}x" for n in times if n > 1)
 
 
+CONTROL = "plain again"  # --control's row: plain against itself, the spread a ratio has with nothing changed
+
+
+def per_round(each: list[float], plain_rounds: list[float]) -> str:
+    """Each round's decode against plain's in the same round, and their median."""
+    ratios = [a / b for a, b in zip(each, plain_rounds)]
+    return f"{statistics.median(ratios):.3f}x ({' '.join(f'{x:.2f}' for x in ratios)})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
@@ -184,6 +195,8 @@ def main() -> None:
     parser.add_argument("--tasks", default="editing,summary,free chat,extraction", help="a comma-separated subset")
     parser.add_argument("--targets", default="q4_1,bf16", help="a comma-separated subset of q4_1,bf16,gemma3")
     parser.add_argument("--together", action="store_true", help="the tasks at once, as one list")
+    parser.add_argument("--control", action="store_true",
+                        help="plain decoding a second time in each round's turns, its ratio to plain the run's noise")
     args = parser.parse_args()
     q4 = hub.fetch_alias("smollm2", quiet=True)
     setups = [(q4, None, ["lookup", "self:24"])] if "q4_1" in args.targets else []
@@ -213,7 +226,10 @@ def main() -> None:
         template = None if llm.tokenizer.chat_template else GEMMA_TURNS
         chosen = {task: llm.tokenizer.encode(llm.render_chat(messages, chat_template=template), add_special=False)
                   for task, messages in tasks().items() if task in args.tasks.split(",")}
-        settings = ["off"] + [drafted if proposer == "draft" else proposer for proposer in proposers]
+        if args.control:
+            proposers = proposers + [CONTROL]
+        settings = ["off"] + ["off" if proposer == CONTROL else drafted if proposer == "draft" else proposer
+                              for proposer in proposers]
         if args.together:
             together = {task: ids for task, ids in chosen.items() if task not in CONSTRAINED}  # a list shares one
             id_lists = list(together.values())
@@ -223,9 +239,12 @@ def main() -> None:
             row(os.path.basename(source), name, n_prompt, "plain", n, n - len(plain), "", decode0, total0, 1.0)
             for proposer, (outs, decode, total, each) in zip(proposers, runs):
                 assert [o.token_ids for o in outs] == [o.token_ids for o in plain], f"{proposer}: not the plain tokens"
+                rounds = per_round(each, plain_rounds)
+                if proposer == CONTROL:
+                    row(os.path.basename(source), name, n_prompt, CONTROL, n, n - len(plain), "", decode, total,
+                        decode / decode0, rounds)
+                    continue
                 counts = [out.usage["speculative"] for out in outs]
-                ratios = [a / b for a, b in zip(each, plain_rounds)]
-                rounds = f"{statistics.median(ratios):.3f}x ({' '.join(f'{x:.2f}' for x in ratios)})"
                 row(os.path.basename(source), name, n_prompt, counts[0]["proposer"], n,
                     "+".join(str(c["steps"]) for c in counts),
                     f"{sum(c['accepted'] for c in counts)}/{sum(c['proposed'] for c in counts)}", decode, total,
@@ -235,13 +254,16 @@ def main() -> None:
             constraint = CONSTRAINED.get(task)
             (plain, decode0, total0, plain_rounds), *runs = timed(llm, ids, args.max_tokens, settings, args.rounds,
                                                                   constraint)
-            row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids),
-                plain_calls(llm, ids, args.max_tokens, constraint), "", decode0, total0, 1.0)
+            calls0 = plain_calls(llm, ids, args.max_tokens, constraint)
+            row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids), calls0, "", decode0, total0, 1.0)
             for proposer, (out, decode, total, each) in zip(proposers, runs):
                 assert out.token_ids == plain.token_ids, f"{proposer} on {task}: not the plain tokens"
+                rounds = per_round(each, plain_rounds)
+                if proposer == CONTROL:
+                    row(os.path.basename(source), task, len(ids), CONTROL, len(out.token_ids), calls0, "", decode, total,
+                        decode / decode0, rounds)
+                    continue
                 counts = out.usage["speculative"]
-                ratios = [a / b for a, b in zip(each, plain_rounds)]
-                rounds = f"{statistics.median(ratios):.3f}x ({' '.join(f'{x:.2f}' for x in ratios)})"
                 row(os.path.basename(source), task, len(ids), counts["proposer"], len(out.token_ids), counts["steps"],
                     f"{counts['accepted']}/{counts['proposed']}", decode, total, decode / decode0, rounds)
 
