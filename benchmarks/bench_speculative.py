@@ -5,12 +5,12 @@
 Tasks: editing (a ~400-token function with one change asked for, the whole function back), a summary
 of a given text, free chat, and extraction (an order's details from an email, as JSON under a schema:
 the constraint judges every token, plain and speculative alike). Targets: SmolLM2-135M-Instruct Q4_1
-(proposers lookup and self:N), and the same model as a bf16 folder (f32 compute; proposers lookup, self:N and a draft: the Q4_1 file,
-same tokenizer, a third of the bytes). Every speculative output is checked to be the plain output
-token for token. Decode tok/s = (tokens - 1) / (generation time - the time to the first token,
-measured alone), each from a fresh cache; best of --rounds, the settings taking turns; the last column
-has each round's decode against plain's in the same round, and their median (on a shared machine the
-per-round ratios say more than the best of each). Forward calls:
+(proposers lookup and self:N), and the same model as a bf16 folder (f32 compute; proposers lookup,
+self:N and a draft: the Q4_1 file, same tokenizer, a third of the bytes). Every speculative output
+is checked to be the plain output token for token. Decode tok/s = (tokens - 1) / (generation time -
+the time to the first token, measured alone), each from a fresh cache; best of --rounds, the settings
+taking turns; the last column has each round's decode against plain's in the same round, and their
+median (on a shared machine the per-round ratios say more than the best of each). Forward calls:
 the model's calls after the prompt (plain: one per token, but the tokens a constraint forces run in
 the call before them), which no load on the machine changes.
 --tasks and --targets take subsets (--targets gemma3: Gemma 3 270M Q4_K_M, lookup and self:14).
@@ -255,16 +255,17 @@ def main() -> None:
             (plain, decode0, total0, plain_rounds), *runs = timed(llm, ids, args.max_tokens, settings, args.rounds,
                                                                   constraint)
             calls0 = plain_calls(llm, ids, args.max_tokens, constraint)
-            row(os.path.basename(source), task, len(ids), "plain", len(plain.token_ids), calls0, "", decode0, total0, 1.0)
+            name = os.path.basename(source)
+            row(name, task, len(ids), "plain", len(plain.token_ids), calls0, "", decode0, total0, 1.0)
             for proposer, (out, decode, total, each) in zip(proposers, runs):
                 assert out.token_ids == plain.token_ids, f"{proposer} on {task}: not the plain tokens"
                 rounds = per_round(each, plain_rounds)
                 if proposer == CONTROL:
-                    row(os.path.basename(source), task, len(ids), CONTROL, len(out.token_ids), calls0, "", decode, total,
-                        decode / decode0, rounds)
+                    row(name, task, len(ids), CONTROL, len(out.token_ids), calls0, "", decode, total, decode / decode0,
+                        rounds)
                     continue
                 counts = out.usage["speculative"]
-                row(os.path.basename(source), task, len(ids), counts["proposer"], len(out.token_ids), counts["steps"],
+                row(name, task, len(ids), counts["proposer"], len(out.token_ids), counts["steps"],
                     f"{counts['accepted']}/{counts['proposed']}", decode, total, decode / decode0, rounds)
 
 if __name__ == "__main__":
