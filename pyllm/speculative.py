@@ -50,7 +50,9 @@ the odds learned meanwhile; a proposer whose odds learn only from its proposals 
 that doubles each time a probe after the wait still does not pay. Such a proposer's first rounds in a
 new generation trust it (longer drafts each round) until it misses once. A proposer whose drafts
 cost as much as the steps they would save (a self-draft of most layers, a draft model as large as
-the target) gets one trusted round, then passes up LONGEST_PAUSE chances at a time. A draft model
+the target) gets one trusted round, then passes up LONGEST_PAUSE chances at a time; once its drafting
+is timed, the model's generations pass it up together (one round of a single draft in LONGEST_PAUSE
+chances, however short each generation), so that a server's short replies do not each pay a round. A draft model
 first runs the tokens its cache lacks (the prompt, at a generation's first round): once the draft
 has a record of drafts taken (the model's earlier generations), that catch-up is weighed against
 what its rounds are expected to save over the tokens the generation may still make, and where they
@@ -198,6 +200,9 @@ class Costs:
         # proposer name -> how often its drafts were taken over the model's generations (a lookup's
         # are not kept: they are the context's): what a generation expects before its first round
         self.taken: dict[str, Odds] = {}
+        # proposer name -> the chances the model's generations still pass it up together: a proposer
+        # whose drafting, as timed, could not pay even with every draft taken
+        self.paused: dict[str, int] = {}
 
     def ratio(self, rows: int) -> float:
         """The time of a call of rows tokens, in steps."""
@@ -543,6 +548,15 @@ class Speculator:
                 odds.passing = LONGEST_PAUSE  # the catch-up only grows with the context
                 return 0
         hopeless = self._best(repeat(1.0), MAX_DRAFT, Share())[1] < 1  # not even drafts always taken would pay
+        if hopeless and self.name in self.costs.drafts:
+            # hopeless as timed, not as guessed: one round of a single draft (its cost timed again) in
+            # LONGEST_PAUSE chances, counted over the model's generations, not a trusted round in each
+            left = self.costs.paused.get(self.name, 0)
+            self.costs.paused[self.name] = left - 1 if left else LONGEST_PAUSE
+            if left:
+                return 0
+            self.expected = 1 + odds.rate
+            return 1
         if not self.missed and self.rounds < (1 if hopeless else TRUSTED_ROUNDS):
             start = START_DRAFT if self.draft_cost < CHEAP_DRAFT else 1
             k = min(start + 2 * self.rounds, most)

@@ -383,6 +383,23 @@ def test_the_planner_drafts_long_along_a_long_match_and_passes_up_what_cannot_pa
     assert drafter._plan(context, 100) == 0 and drafter.proposer.single.passing == speculative.LONGEST_PAUSE
 
 
+def test_a_proposer_timed_hopeless_is_passed_up_across_generations_not_tried_in_each(checkpoint):
+    """A self-draft whose drafted token was timed at two steps (not even drafts always taken would
+    pay): the next generation runs one round of a single draft, which times it again, and the one
+    after it none, its chances counted over the model's generations; the tokens are the plain ones."""
+    target = pyllm.load(checkpoint("llama"), threads=1)  # one thread: nothing to measure, calls timed
+    plain = target.generate(PROMPT, max_tokens=12)  # a step timed: the unit of every cost
+    costs = speculative.costs_of(target)
+    costs.drafts["self:1"] = 2.0
+    first = target.generate(PROMPT, max_tokens=12, speculative="self:1")
+    second = target.generate(PROMPT, max_tokens=12, speculative="self:1")
+    assert first.token_ids == plain.token_ids and second.token_ids == plain.token_ids
+    assert first.usage["speculative"]["proposed"] == 1
+    assert second.usage["speculative"]["proposed"] == 0
+    assert second.usage["speculative"]["steps"] == len(plain.token_ids) - 1
+    assert 0 < costs.paused["self:1"] < speculative.LONGEST_PAUSE
+
+
 class _Behind(_Never):
     """A proposer whose cache lacks the whole context, as a draft model's lacks the prompt before
     its first round."""
