@@ -160,6 +160,9 @@ def call_times(llm, sizes, repeats: int = 25) -> dict[int, float]:
 
     seq = _core.CoreSequence(llm.core, 512)
     seq.forward(list(range(100, 300)))
+    while llm.core.decode_threads.chosen is None:  # while measured, calls take other thread counts
+        seq.forward([400])
+        seq.truncate(200)
     times = {}
     for n in sizes:
         runs = []
