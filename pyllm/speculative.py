@@ -50,9 +50,11 @@ the odds learned meanwhile; a proposer whose odds learn only from its proposals 
 that doubles each time a probe after the wait still does not pay. Such a proposer's first rounds in a
 new generation trust it (longer drafts each round) until it misses once. A proposer whose drafts
 cost as much as the steps they would save (a self-draft of most layers, a draft model as large as
-the target) gets one trusted round, then passes up LONGEST_PAUSE chances at a time; once its drafting
-is timed, the model's generations pass it up together (one round of a single draft in LONGEST_PAUSE
-chances, however short each generation), so that a server's short replies do not each pay a round. A draft model
+the target) gets one trusted round, then passes up LONGEST_PAUSE chances at a time. Once a proposer's
+drafting is timed, its record over the model's generations decides first: where by that record it
+does not pay (or cannot: as dear as above), the generations pass it up together, its pauses and
+probes counted over all of them as one generation's are, so that a new generation (each of a
+server's short replies) does not give it trusted rounds again. A draft model
 first runs the tokens its cache lacks (the prompt, at a generation's first round): once the draft
 has a record of drafts taken (the model's earlier generations), that catch-up is weighed against
 what its rounds are expected to save over the tokens the generation may still make, and where they
@@ -198,11 +200,9 @@ class Costs:
         # proposer name -> a token of its catch-up (a draft model's prefill of what its cache lacks), in steps
         self.catch_up: dict[str, float] = {}
         # proposer name -> how often its drafts were taken over the model's generations (a lookup's
-        # are not kept: they are the context's): what a generation expects before its first round
+        # are not kept: they are the context's): what a generation expects before its first round, and
+        # the chances the generations pass it up together while by that record it does not pay
         self.taken: dict[str, Odds] = {}
-        # proposer name -> the chances the model's generations still pass it up together: a proposer
-        # whose drafting, as timed, could not pay even with every draft taken
-        self.paused: dict[str, int] = {}
 
     def ratio(self, rows: int) -> float:
         """The time of a call of rows tokens, in steps."""
@@ -548,15 +548,24 @@ class Speculator:
                 odds.passing = LONGEST_PAUSE  # the catch-up only grows with the context
                 return 0
         hopeless = self._best(repeat(1.0), MAX_DRAFT, Share())[1] < 1  # not even drafts always taken would pay
-        if hopeless and self.name in self.costs.drafts:
-            # hopeless as timed, not as guessed: one round of a single draft (its cost timed again) in
-            # LONGEST_PAUSE chances, counted over the model's generations, not a trusted round in each
-            left = self.costs.paused.get(self.name, 0)
-            self.costs.paused[self.name] = left - 1 if left else LONGEST_PAUSE
-            if left:
+        if record is not None and self.name in self.costs.drafts:  # its drafting timed, its record the model's
+            # one that does not pay by its record over the model's generations (or at all: hopeless) is
+            # passed up by them together, as a generation passes it up below, its pause counted over
+            # them: a new generation does not give it trusted rounds again (a server's short replies
+            # would each pay for them)
+            if record.passing:
+                record.passing -= 1
                 return 0
-            self.expected = 1 + odds.rate
-            return 1
+            k, value, expected = self._best(repeat(record.rate), most, share)
+            if hopeless or value < plain:
+                if record.probe:  # the pause is over: one round, whatever it expects
+                    record.probe = False
+                    self.expected = expected
+                    return 1 if hopeless else k
+                record.passing = LONGEST_PAUSE if hopeless else record.wait
+                record.wait, record.probe = min(2 * record.wait, LONGEST_PAUSE), True
+                return 0
+            record.wait = FIRST_PAUSE
         if not self.missed and self.rounds < (1 if hopeless else TRUSTED_ROUNDS):
             start = START_DRAFT if self.draft_cost < CHEAP_DRAFT else 1
             k = min(start + 2 * self.rounds, most)

@@ -385,10 +385,11 @@ def test_the_planner_drafts_long_along_a_long_match_and_passes_up_what_cannot_pa
 
 def test_a_proposer_timed_hopeless_is_passed_up_across_generations_not_tried_in_each(checkpoint):
     """A self-draft whose drafted token was timed at two steps (not even drafts always taken would
-    pay): the next generation runs one round of a single draft, which times it again, and the one
-    after it none, its chances counted over the model's generations; the tokens are the plain ones."""
+    pay): the next generation runs its one trusted round, and from then on the model's generations
+    pass it up together for LONGEST_PAUSE chances: the one after it proposes nothing. The tokens are
+    the plain ones."""
     target = pyllm.load(checkpoint("llama"), threads=1)  # one thread: nothing to measure, calls timed
-    plain = target.generate(PROMPT, max_tokens=12)  # a step timed: the unit of every cost
+    plain = target.generate(PROMPT, max_tokens=12)
     costs = speculative.costs_of(target)
     costs.drafts["self:1"] = 2.0
     first = target.generate(PROMPT, max_tokens=12, speculative="self:1")
@@ -397,7 +398,27 @@ def test_a_proposer_timed_hopeless_is_passed_up_across_generations_not_tried_in_
     assert first.usage["speculative"]["proposed"] == 1
     assert second.usage["speculative"]["proposed"] == 0
     assert second.usage["speculative"]["steps"] == len(plain.token_ids) - 1
-    assert 0 < costs.paused["self:1"] < speculative.LONGEST_PAUSE
+    assert 0 < costs.taken["self:1"].passing < speculative.LONGEST_PAUSE
+
+
+def test_a_proposer_whose_record_does_not_pay_waits_over_generations_then_probes(checkpoint):
+    """A cheap self-draft (a drafted token timed at 0.1 of a step) whose record over the model's
+    generations is drafts never taken: a new generation gives it no trusted rounds; the generations
+    pass it up FIRST_PAUSE chances together, and the chance after them probes it with one round."""
+    target = pyllm.load(checkpoint("llama"), threads=1)
+    plain = target.generate(PROMPT, max_tokens=12)
+    costs = speculative.costs_of(target)
+    costs.drafts["self:1"] = 0.1
+    costs.by_rows = {n: 1 + 0.1 * (n - 1) for n in range(2, 18)}  # not timed until a round runs
+    record = costs.taken["self:1"] = speculative.Odds(0.0)  # 0 of 2 tries taken
+    first = target.generate(PROMPT, max_tokens=12, speculative="self:1")
+    chances = first.usage["speculative"]["steps"] - 1  # the first call is a plain step: its time the unit
+    assert first.usage["speculative"]["proposed"] == 0
+    assert record.passing == speculative.FIRST_PAUSE - (chances - 1) and record.probe  # the first starts it
+    second = target.generate(PROMPT, max_tokens=12, speculative="self:1")
+    assert second.usage["speculative"]["proposed"] >= 1  # the probe, once the pause is over
+    assert first.token_ids == plain.token_ids and second.token_ids == plain.token_ids
+    assert record.wait == 2 * speculative.FIRST_PAUSE
 
 
 class _Behind(_Never):
