@@ -92,6 +92,11 @@ PRIOR_RATE, PRIOR_TRIES = 0.7, 2.0  # the odds before a proposal of a kind was j
 LOOKUP_PRIORS = (0.3, 0.5, 0.7, 0.85, 0.9)
 FIRST_PAUSE, LONGEST_PAUSE = 16, 512  # chances passed up while a kind of proposal does not pay
 LOOKUP_NGRAMS = (4, 3, 2, 1)  # the n-gram lengths a lookup indexes, longest first
+# the latest occurrences of an n-gram a lookup weighs: it proposes what followed the one whose tokens
+# before it agree with the context's furthest back (the latest of those), not merely the latest one,
+# which repeats itself where a text alternates between continuations (editing SmolLM2's output,
+# replayed: 104 calls for 400 tokens -> 73)
+LOOKUP_CANDIDATES = 4
 LONGEST_MATCH = 16  # a lookup's match is measured back this far: its odds are kept by 1, 2-3, 4-7, 8-15, 16
 CATCH_UP = MAX_DRAFT + 1  # a draft's round that first runs more tokens than a round takes is catching up (a prefill)
 
@@ -263,17 +268,19 @@ class Odds:
 
 
 class PromptLookup:
-    """Proposes what followed the last earlier occurrence of the context's final n-gram (the
-    longest of LOOKUP_NGRAMS that occurred), from an index that grows with the context. Its odds
-    are kept by the length of the stretch that matches there, and they learn from every token the
-    model makes, proposed or not: the token the match predicted is known as soon as the model's
-    own is, so a lookup learns that it does not pay without proposing a thing."""
+    """Proposes what followed an earlier occurrence of the context's final n-gram (the longest of
+    LOOKUP_NGRAMS that occurred): of its latest LOOKUP_CANDIDATES occurrences, the one the context
+    matches furthest back from there, from an index that grows with the context. Its odds are kept
+    by the length of the stretch that matches there, and they learn from every token the model
+    makes, proposed or not: the token the match predicted is known as soon as the model's own is,
+    so a lookup learns that it does not pay without proposing a thing."""
 
     cost = 0.0
 
     def __init__(self):
         self.seen = 0  # context tokens indexed
-        self.index: dict[tuple, int] = {}  # n-gram -> where the tokens after its latest occurrence start
+        # n-gram -> where the tokens after each of its latest occurrences start, oldest first
+        self.index: dict[tuple, list[int]] = {}
         self.by_length = [Odds(prior) for prior in LOOKUP_PRIORS]
         # a match of n tokens predicts its next token with the odds at_length[n]
         self.at_length = [self.by_length[min(n, LONGEST_MATCH).bit_length() - 1]
@@ -297,16 +304,21 @@ class PromptLookup:
         for e in range(max(self.seen, 1), end):
             for n in LOOKUP_NGRAMS:
                 if e >= n:
-                    self.index[tuple(context[e - n:e])] = e
+                    starts = self.index.setdefault(tuple(context[e - n:e]), [])
+                    starts.append(e)
+                    if len(starts) > LOOKUP_CANDIDATES:
+                        del starts[0]
         self.seen = end
         for n in LOOKUP_NGRAMS:
-            at = self.index.get(tuple(context[-n:])) if end >= n else None
-            if at is not None:
-                length = n
-                while length < min(LONGEST_MATCH, at) and context[at - 1 - length] == context[end - 1 - length]:
-                    length += 1
-                self.at, self.length = at, length
-                return self.at_length[length], end - at
+            starts = self.index.get(tuple(context[-n:])) if end >= n else None
+            if starts:
+                for at in reversed(starts):  # the latest first: it wins a tie
+                    length = n
+                    while length < min(LONGEST_MATCH, at) and context[at - 1 - length] == context[end - 1 - length]:
+                        length += 1
+                    if length > self.length:
+                        self.at, self.length = at, length
+                return self.at_length[self.length], end - self.at
         return None, 0
 
     def rates(self):

@@ -383,6 +383,22 @@ def test_the_planner_drafts_long_along_a_long_match_and_passes_up_what_cannot_pa
     assert drafter._plan(context, 100) == 0 and drafter.proposer.single.passing == speculative.LONGEST_PAUSE
 
 
+def test_a_lookup_proposes_from_the_occurrence_the_context_matches_furthest_back():
+    """The 4-gram 10 11 12 13 occurs twice, followed by 70 after 1 2 and by 80 (the latest) after 3 4:
+    a context ending 1 2 10 11 12 13 matches the first occurrence six tokens back, the latest four,
+    so the lookup proposes 70 with the odds of a match of six; ending 3 4 ..., 80."""
+    lookup = speculative.PromptLookup()
+    first, second = [1, 2, 10, 11, 12, 13, 70, 71], [3, 4, 10, 11, 12, 13, 80, 81]
+    context = first + second + [1, 2, 10, 11, 12, 13]
+    odds, most = lookup.odds(context)
+    assert lookup.propose(context, 2, None)[0] == [70, 71]
+    assert odds is lookup.at_length[6] and lookup.length == 6 and most == len(context) - 6
+    other = first + second + [3, 4, 10, 11, 12, 13]
+    later = speculative.PromptLookup()
+    later.odds(other)
+    assert later.propose(other, 2, None)[0] == [80, 81] and later.length == 6
+
+
 def test_a_proposer_timed_hopeless_is_passed_up_across_generations_not_tried_in_each(checkpoint):
     """A self-draft whose drafted token was timed at two steps (not even drafts always taken would
     pay): the next generation runs its one trusted round, and from then on the model's generations
