@@ -568,12 +568,13 @@ class Speculator:
             if record.passing:
                 record.passing -= 1
                 return 0
-            k, value, expected = self._best(repeat(record.rate), most, share)
+            k, value, _ = self._best(repeat(record.rate), most, share)
             if hopeless or value < plain:
                 if record.probe:  # the pause is over: one round, whatever it expects
                     record.probe = False
-                    self.expected = expected
-                    return 1 if hopeless else k
+                    k = 1 if hopeless else k
+                    self.expected = sum(record.rate ** i for i in range(k + 1))
+                    return k
                 record.passing = LONGEST_PAUSE if hopeless else record.wait
                 record.wait, record.probe = min(2 * record.wait, LONGEST_PAUSE), True
                 return 0
