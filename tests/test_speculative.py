@@ -417,6 +417,19 @@ def test_a_proposer_timed_hopeless_is_passed_up_across_generations_not_tried_in_
     assert 0 < costs.taken["self:1"].passing < speculative.LONGEST_PAUSE
 
 
+def test_on_the_real_q4_1_file_a_self_draft_timed_hopeless_is_not_tried_in_each_generation(smollm2_gguf):
+    """The default quantized model: self:24 with its drafted token timed at two steps runs one round
+    in its first generation and none in the next; the tokens are the plain ones."""
+    llm = pyllm.load(smollm2_gguf, threads=1)  # one thread: nothing to measure, calls timed
+    plain = llm.generate(PROMPT, max_tokens=10)
+    speculative.costs_of(llm).drafts["self:24"] = 2.0
+    first = llm.generate(PROMPT, max_tokens=10, speculative="self:24")
+    second = llm.generate(PROMPT, max_tokens=10, speculative="self:24")
+    assert first.token_ids == plain.token_ids and second.token_ids == plain.token_ids
+    assert first.usage["speculative"]["proposed"] == 1
+    assert second.usage["speculative"]["proposed"] == 0
+
+
 def test_a_proposer_whose_record_does_not_pay_waits_over_generations_then_probes(checkpoint):
     """A cheap self-draft (a drafted token timed at 0.1 of a step) whose record over the model's
     generations is drafts never taken: a new generation gives it no trusted rounds; the generations
